@@ -1,0 +1,113 @@
+"""scopegraph: safe, cheap CUDA graphs from Python.
+
+    import scopegraph as sg
+    from scopegraph import CudaGraph
+
+    dev = sg.device()
+    stream = dev.stream()
+    with CudaGraph.scope(stream) as s:
+        s.record(sg.memcpy(y.mut(), x))
+    s.graph.launch()
+"""
+
+from ._device import Device, device
+from ._dtypes import (
+    DType,
+    f16,
+    f32,
+    f64,
+    float16,
+    float32,
+    float64,
+    i8,
+    i16,
+    i32,
+    i64,
+    int8,
+    int16,
+    int32,
+    int64,
+    u8,
+    u32,
+    u64,
+    uint8,
+    uint32,
+    uint64,
+)
+from ._errors import (
+    BorrowError,
+    CompileError,
+    CudaError,
+    LifetimeError,
+    NotAGraphNodeError,
+    ScopeGraphError,
+    ScopeStateError,
+    SignatureError,
+)
+from ._graph import CudaGraph, RecordedNode
+from ._kernel import Kernel, KernelLaunch, TensorSpec, kernel
+from ._ops import AllocationOp, GraphNode, Memcpy, Memset, Op, dup, empty, from_numpy, full, memcpy, memset, zeros
+from ._scope import Scope
+from ._stream import Stream
+from ._tensor import Mut, Tensor, mut
+from ._backends._host import NoHostReferenceError
+from ._version import __version__
+
+__all__ = [
+    "AllocationOp",
+    "BorrowError",
+    "CompileError",
+    "CudaError",
+    "CudaGraph",
+    "DType",
+    "Device",
+    "GraphNode",
+    "Kernel",
+    "KernelLaunch",
+    "LifetimeError",
+    "Memcpy",
+    "Memset",
+    "Mut",
+    "NoHostReferenceError",
+    "NotAGraphNodeError",
+    "Op",
+    "RecordedNode",
+    "Scope",
+    "ScopeGraphError",
+    "ScopeStateError",
+    "SignatureError",
+    "Stream",
+    "Tensor",
+    "TensorSpec",
+    "__version__",
+    "device",
+    "dup",
+    "empty",
+    "f16",
+    "f32",
+    "f64",
+    "float16",
+    "float32",
+    "float64",
+    "from_numpy",
+    "full",
+    "i8",
+    "i16",
+    "i32",
+    "i64",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "kernel",
+    "memcpy",
+    "memset",
+    "mut",
+    "u8",
+    "u32",
+    "u64",
+    "uint8",
+    "uint32",
+    "uint64",
+    "zeros",
+]

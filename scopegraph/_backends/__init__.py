@@ -1,0 +1,1 @@
+"""Backends: host (numpy) and CUDA (cuda.core)."""

@@ -1,0 +1,56 @@
+"""What a backend provides: memory, streams, eager execution of ops, and executable graphs."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from .._graph import RecordedNode
+    from .._kernel import KernelLaunch
+    from .._ops import GraphNode, Memcpy, Memset
+    from .._stream import Stream
+    from .._tensor import Allocation, Tensor
+
+
+class Executable(Protocol):
+    """A backend's instantiated graph."""
+
+    def launch(self, stream: Stream) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class Backend(Protocol):
+    """The operations the device-independent layers need from a backend."""
+
+    name: str
+
+    # memory
+    def allocate(self, nbytes: int) -> object: ...
+    def release(self, storage: object) -> None: ...
+    def address(self, alloc: Allocation) -> int: ...
+    def read(self, alloc: Allocation, offset: int, nbytes: int) -> np.ndarray[Any, np.dtype[np.uint8]]: ...
+    def write(self, tensor: Tensor, array: np.ndarray[Any, Any], stream: Stream | None) -> None: ...
+
+    # streams
+    def create_stream(self) -> object: ...
+    def stream_from_handle(self, obj: object) -> object: ...
+    def sync_stream(self, native: object) -> None: ...
+    def sync(self) -> None: ...
+
+    # eager ops
+    def prepare(self, op: GraphNode) -> None:
+        """Check (and on CUDA, compile) an op before it is run or recorded."""
+    def run_memcpy(self, op: Memcpy, stream: Stream) -> None: ...
+    def run_memset(self, op: Memset, stream: Stream) -> None: ...
+    def run_kernel(self, op: KernelLaunch, stream: Stream) -> None: ...
+
+    # graphs
+    def build(self, nodes: Sequence[RecordedNode], stream: Stream) -> Executable: ...
+
+    # interop
+    def dlpack(self, tensor: Tensor, stream: int | None) -> object: ...
+    def dlpack_device(self) -> tuple[int, int]: ...

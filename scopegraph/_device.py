@@ -1,0 +1,139 @@
+"""Devices and backend selection.
+
+``sg.device()`` picks CUDA when a driver and a GPU exist and the host (numpy) backend
+otherwise; ``SCOPEGRAPH_DEVICE`` overrides that default. One Device object exists per
+device, so tensors compare devices by identity.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ._driver import cuda_device_count
+from ._dtypes import DTypeLike, as_dtype, float32
+from ._errors import CudaError, SignatureError
+from ._ops import _shape
+from ._tensor import Allocation, Tensor
+
+if TYPE_CHECKING:
+    from ._backends._base import Backend
+    from ._stream import Stream
+
+
+class Device:
+    """A place tensors live and work runs: ``host`` or ``cuda:N``."""
+
+    def __init__(self, kind: str, index: int, backend: Backend) -> None:
+        self.kind = kind
+        self.index = index
+        self.backend = backend
+        self.is_cuda = kind == "cuda"
+        self.is_host = kind == "host"
+        self._setup_stream: Stream | None = None
+
+    def __repr__(self) -> str:
+        return f"sg.device({str(self)!r})"
+
+    def __str__(self) -> str:
+        return "host" if self.is_host else f"cuda:{self.index}"
+
+    def stream(self) -> Stream:
+        """A new stream on this device."""
+        from ._stream import Stream
+
+        return Stream(self, self.backend.create_stream())
+
+    def sync(self) -> None:
+        """Wait for all work on this device."""
+        self.backend.sync()
+
+    @property
+    def setup_stream(self) -> Stream:
+        """The stream eager constructors use; they wait for it, so their tensors are ready anywhere."""
+        if self._setup_stream is None:
+            self._setup_stream = self.stream()
+        return self._setup_stream
+
+    # -- eager constructors ---------------------------------------------------------------
+
+    def empty(self, shape: int | tuple[int, ...] | list[int], dtype: DTypeLike = float32, name: str | None = None) -> Tensor:
+        """A new, uninitialised tensor."""
+        dims, dt = _shape(shape), as_dtype(dtype)
+        nbytes = int(np.prod(dims, dtype=np.int64)) * dt.itemsize
+        alloc = Allocation(self, nbytes, self.backend.allocate(nbytes), name)
+        return Tensor(alloc, 0, dims, dt)
+
+    def zeros(self, shape: int | tuple[int, ...] | list[int], dtype: DTypeLike = float32, name: str | None = None) -> Tensor:
+        """A new tensor of zeros."""
+        return self.full(shape, 0, dtype, name)
+
+    def full(
+        self, shape: int | tuple[int, ...] | list[int], value: float, dtype: DTypeLike = float32, name: str | None = None
+    ) -> Tensor:
+        """A new tensor with every element ``value``."""
+        from ._ops import full
+
+        return self._run_setup(full(shape, value, dtype, name))
+
+    def from_numpy(self, array: np.ndarray[Any, Any], name: str | None = None, stream: Stream | None = None) -> Tensor:
+        """A new tensor holding a copy of ``array``."""
+        arr = np.ascontiguousarray(array)
+        tensor = self.empty(arr.shape, arr.dtype, name)
+        self.backend.write(tensor, arr, stream)
+        return tensor
+
+    def _run_setup(self, op: Any) -> Tensor:
+        stream = self.setup_stream
+        tensor: Tensor = stream.run(op)
+        stream.sync()
+        return tensor
+
+
+_devices: dict[str, Device] = {}
+_lock = threading.Lock()
+
+
+def device(spec: str | Device | None = None) -> Device:
+    """``"cuda"``, ``"cuda:N"``, ``"host"``, or None: CUDA when a driver and GPU exist, else host.
+
+    The ``SCOPEGRAPH_DEVICE`` environment variable overrides the None default.
+    """
+    if isinstance(spec, Device):
+        return spec
+    if spec is None:
+        spec = os.environ.get("SCOPEGRAPH_DEVICE") or ("cuda" if cuda_device_count() else "host")
+    key = spec.strip().lower()
+    if key == "cuda":
+        key = "cuda:0"
+    with _lock:
+        found = _devices.get(key)
+        if found is None:
+            found = _devices[key] = _make_device(key, spec)
+    return found
+
+
+def _make_device(key: str, spec: str) -> Device:
+    if key == "host":
+        from ._backends._host import HostBackend
+
+        return Device("host", 0, HostBackend())
+    kind, _, index_text = key.partition(":")
+    if kind != "cuda" or not index_text.isdigit():
+        raise SignatureError(f'unknown device {spec!r}\nhelp: use "host", "cuda" or "cuda:N" (or None to pick)')
+    index = int(index_text)
+    count = cuda_device_count()
+    if index >= count:
+        raise CudaError(
+            f"selecting device {spec!r}",
+            "CUDA_ERROR_NO_DEVICE" if count == 0 else "CUDA_ERROR_INVALID_DEVICE",
+            "no NVIDIA driver or GPU was found; use sg.device('host') (or sg.device()) to run on the host backend"
+            if count == 0
+            else f"this machine has {count} CUDA device(s): cuda:0..cuda:{count - 1}",
+        )
+    from ._backends._cuda import CudaBackend
+
+    return Device("cuda", index, CudaBackend(index))

@@ -1,0 +1,68 @@
+"""The error hierarchy. Every error says what went wrong, where, and what to do instead.
+
+Messages follow rustc's borrow diagnostics: a headline naming the place, then one line per
+borrow or use that takes part, then a ``help:`` line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+class ScopeGraphError(Exception):
+    """Base class of every error scopegraph raises on bad input or a failed driver call."""
+
+
+class NotAGraphNodeError(ScopeGraphError, TypeError):
+    """``Scope.record`` got something that is not a graph node (an allocation op, or not an op)."""
+
+
+class BorrowError(ScopeGraphError):
+    """One op borrows overlapping memory mutably twice, or mutably and shared; or writes frozen memory."""
+
+
+class LifetimeError(ScopeGraphError):
+    """A freed tensor is used, a pinned tensor is freed, or a closed graph is used."""
+
+
+class SignatureError(ScopeGraphError):
+    """Arguments do not match an op's declaration (count, kind, dtype, rank, device, size)."""
+
+
+class ScopeStateError(ScopeGraphError):
+    """A scope or a stream is used in a state that does not allow it."""
+
+
+class CompileError(ScopeGraphError):
+    """NVRTC rejected a kernel's source. ``log`` holds the compiler's output."""
+
+    def __init__(self, kernel_name: str, log: str, options: Iterable[str] = ()) -> None:
+        self.kernel_name = kernel_name
+        self.log = log
+        opts = " ".join(options)
+        super().__init__(
+            f"NVRTC could not compile kernel `{kernel_name}`"
+            + (f" (options: {opts})" if opts else "")
+            + f"\n{log.strip()}\n"
+            "help: fix the CUDA C++ source above; the log names each line NVRTC rejected"
+        )
+
+
+class CudaError(ScopeGraphError):
+    """A driver call failed. ``result`` is the CUresult name, ``operation`` what was being done."""
+
+    def __init__(self, operation: str, result: str, detail: str = "") -> None:
+        self.operation = operation
+        self.result = result
+        super().__init__(
+            f"{operation} failed: {result}" + (f"\n{detail.strip()}" if detail.strip() else "")
+        )
+
+
+def diagnostic(headline: str, notes: Iterable[str] = (), help: str = "") -> str:
+    """Format a rustc-style message: headline, ``|``-prefixed notes, then ``help:``."""
+    lines = [headline]
+    lines.extend(f"   | {note}" for note in notes)
+    if help:
+        lines.append(f"help: {help}")
+    return "\n".join(lines)

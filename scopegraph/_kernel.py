@@ -1,0 +1,321 @@
+"""Kernels: CUDA C++ source plus a Python signature that declares how each argument is used.
+
+    @sg.kernel(SOURCE)
+    def axpy(out: Mut[Tensor], x: Tensor, a: sg.f32, n: sg.i32) -> None: ...
+
+``Mut[Tensor]`` parameters are written, ``Tensor`` parameters are read, scalar parameters carry
+their C type. ``Annotated[Tensor, sg.TensorSpec(sg.f32, rank=2)]`` also pins dtype and rank.
+Arguments are checked when the launch op is built (``axpy[grid, block](...)``), so the
+traceback points at the user's line. The same declaration serves the CUDA backend (pointers
+and typed scalars for cuda.core's ``launch``) and the host backend (numpy views for the
+``@axpy.host`` reference).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, Any, Generic, ParamSpec, get_args, get_origin, get_type_hints
+
+import numpy as np
+
+from ._dtypes import DType, as_dtype, dtype_of_annotation
+from ._errors import SignatureError, diagnostic
+from ._ops import GraphNode
+from ._tensor import Borrow, Mut, Tensor
+
+if TYPE_CHECKING:
+    from ._stream import Stream
+
+P = ParamSpec("P")
+
+Dim = int | tuple[int] | tuple[int, int] | tuple[int, int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    """Constraints on a tensor parameter, used as ``Annotated[Tensor, TensorSpec(sg.f32, rank=1)]``."""
+
+    dtype: Any = None
+    rank: int | None = None
+
+    def resolved_dtype(self) -> DType | None:
+        return None if self.dtype is None else as_dtype(self.dtype)
+
+
+@dataclass(frozen=True, slots=True)
+class KernelParam:
+    """One declared parameter: ``kind`` is "mut", "shared" or "scalar"."""
+
+    name: str
+    kind: str
+    dtype: DType | None
+    rank: int | None
+
+    def describe(self) -> str:
+        if self.kind == "scalar":
+            assert self.dtype is not None
+            return f"{self.name}: sg.{self.dtype.name}"
+        base = "Mut[Tensor]" if self.kind == "mut" else "Tensor"
+        extra = [f"dtype {self.dtype.name}"] if self.dtype else []
+        extra += [f"rank {self.rank}"] if self.rank is not None else []
+        return f"{self.name}: {base}" + (f" ({', '.join(extra)})" if extra else "")
+
+
+def _parse_param(name: str, annotation: object, kernel_name: str) -> KernelParam:
+    spec = TensorSpec()
+    if get_origin(annotation) is Annotated:
+        args = get_args(annotation)
+        specs = [m for m in args[1:] if isinstance(m, TensorSpec)]
+        if specs:
+            spec = specs[0]
+            annotation = args[0]
+    if get_origin(annotation) is Mut or annotation is Mut:
+        return KernelParam(name, "mut", spec.resolved_dtype(), spec.rank)
+    if annotation is Tensor:
+        return KernelParam(name, "shared", spec.resolved_dtype(), spec.rank)
+    scalar = dtype_of_annotation(annotation)
+    if scalar is not None:
+        return KernelParam(name, "scalar", scalar, None)
+    raise SignatureError(
+        diagnostic(
+            f"kernel `{kernel_name}` parameter `{name}` has annotation {annotation!r}",
+            ["kernel parameters are Mut[Tensor] (written), Tensor (read) or a scalar type (sg.f32, sg.i32, ...)"],
+            help=f"annotate `{name}` with one of those",
+        )
+    )
+
+
+def _parse_signature(fn: Callable[..., None], kernel_name: str) -> tuple[KernelParam, ...]:
+    try:
+        hints = get_type_hints(fn, include_extras=True)
+    except NameError as exc:
+        raise SignatureError(f"cannot resolve the annotations of kernel `{kernel_name}`: {exc}") from exc
+    params = []
+    for p in inspect.signature(fn).parameters.values():
+        if p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            raise SignatureError(
+                f"kernel `{kernel_name}` parameter `{p.name}` is {p.kind.description}\n"
+                "help: declare every kernel parameter as a plain positional parameter"
+            )
+        if p.name not in hints:
+            raise SignatureError(f"kernel `{kernel_name}` parameter `{p.name}` has no annotation\nhelp: annotate it")
+        params.append(_parse_param(p.name, hints[p.name], kernel_name))
+    return tuple(params)
+
+
+def _dim3(value: Dim, what: str, kernel_name: str) -> tuple[int, int, int]:
+    dims = (value,) if isinstance(value, (int, np.integer)) else tuple(value)
+    if not 1 <= len(dims) <= 3 or any(not isinstance(d, (int, np.integer)) or d < 1 for d in dims):
+        raise SignatureError(
+            f"`{kernel_name}` {what} {value!r} is not 1 to 3 positive integers\n"
+            f"help: launch as {kernel_name}[grid, block](...) with e.g. grid=(64,) and block=(256,)"
+        )
+    padded = tuple(int(d) for d in dims) + (1,) * (3 - len(dims))
+    return padded  # type: ignore[return-value]
+
+
+class Kernel(Generic[P]):
+    """A CUDA C++ kernel with its Python declaration. ``k[grid, block](*args)`` builds a launch op."""
+
+    def __init__(
+        self,
+        fn: Callable[P, None],
+        source: str,
+        cpp_name: str,
+        options: tuple[str, ...] = (),
+        template_args: tuple[str, ...] = (),
+        host_fn: Callable[..., None] | None = None,
+        params: tuple[KernelParam, ...] | None = None,
+    ) -> None:
+        self.__wrapped__ = fn
+        self.__name__ = fn.__name__
+        self.__doc__ = fn.__doc__
+        self.source = source
+        self.cpp_name = cpp_name
+        self.options = options
+        self.template_args = template_args
+        self.host_fn = host_fn
+        self.params = params if params is not None else _parse_signature(fn, cpp_name)
+        # Instantiations made by generics(), so each one compiles (and is cached) once.
+        self._instances: dict[tuple[str, ...], Kernel[P]] = {}
+        # Compiled per device by the CUDA backend: device key -> cuda.core Kernel.
+        self.compiled: dict[object, object] = {}
+
+    @property
+    def name_expression(self) -> str:
+        """The C++ expression NVRTC resolves: ``name`` or ``name<args>`` for a template."""
+        if not self.template_args:
+            return self.cpp_name
+        return f"{self.cpp_name}<{', '.join(self.template_args)}>"
+
+    def __repr__(self) -> str:
+        sig = ", ".join(p.describe() for p in self.params)
+        return f"<kernel {self.name_expression}({sig})>"
+
+    def host(self, fn: Callable[..., None]) -> Callable[..., None]:
+        """Register a numpy reference, used by the host backend: it gets numpy views of the tensors."""
+        self.host_fn = fn
+        for inst in self._instances.values():
+            inst.host_fn = fn
+        return fn
+
+    def generics(self, *args: object) -> Kernel[P]:
+        """The instantiation of a C++ template kernel with these template arguments."""
+        key = tuple(_template_arg(a) for a in args)
+        inst = self._instances.get(key)
+        if inst is None:
+            inst = Kernel(self.__wrapped__, self.source, self.cpp_name, self.options, key, self.host_fn, self.params)
+            self._instances[key] = inst
+        return inst
+
+    def __getitem__(self, launch: tuple[Dim, Dim] | tuple[Dim, Dim, int]) -> Callable[P, KernelLaunch]:
+        if not isinstance(launch, tuple) or len(launch) not in (2, 3):
+            raise SignatureError(
+                f"launch `{self.cpp_name}` as {self.cpp_name}[grid, block](...) or [grid, block, shared_bytes]"
+            )
+        grid = _dim3(launch[0], "grid", self.cpp_name)
+        block = _dim3(launch[1], "block", self.cpp_name)
+        shmem = int(launch[2]) if len(launch) == 3 else 0
+
+        def build(*args: P.args, **kwargs: P.kwargs) -> KernelLaunch:
+            return KernelLaunch(self, grid, block, shmem, args, kwargs)
+
+        build.__name__ = self.cpp_name
+        return build
+
+
+def _template_arg(arg: object) -> str:
+    if isinstance(arg, bool):
+        return "true" if arg else "false"
+    if isinstance(arg, (int, np.integer)):
+        return str(int(arg))
+    if isinstance(arg, str):
+        return arg
+    return as_dtype(arg).ctype
+
+
+def kernel(
+    source: str, *, name: str | None = None, options: Sequence[str] = ()
+) -> Callable[[Callable[P, None]], Kernel[P]]:
+    """Declare a CUDA C++ kernel. The C++ name defaults to the Python function's name."""
+
+    def wrap(fn: Callable[P, None]) -> Kernel[P]:
+        return Kernel(fn, source, name or fn.__name__, tuple(options))
+
+    return wrap
+
+
+class KernelLaunch(GraphNode):
+    """One launch of a kernel: grid, block, shared memory and checked arguments."""
+
+    __slots__ = ("kernel", "grid", "block", "shmem", "args")
+
+    def __init__(
+        self,
+        kernel: Kernel[Any],
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        shmem: int,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> None:
+        self.kernel = kernel
+        self.grid = grid
+        self.block = block
+        self.shmem = shmem
+        params = kernel.params
+        if kwargs or len(args) != len(params):
+            args = self._bind(args, kwargs)
+        values: list[Any] = []
+        borrows: list[Borrow] = []
+        for param, arg in zip(params, args):
+            kind = param.kind
+            if kind == "scalar":
+                values.append(self._scalar(param, arg))
+                continue
+            if kind == "mut":
+                if type(arg) is not Mut:
+                    self._kind_error(param, arg)
+                tensor = arg.tensor
+            else:
+                if not isinstance(arg, Tensor):
+                    self._kind_error(param, arg)
+                tensor = arg
+            if (param.dtype is not None and tensor.dtype != param.dtype) or (
+                param.rank is not None and len(tensor.shape) != param.rank
+            ):
+                self._spec_error(param, tensor)
+            values.append(tensor)
+            borrows.append(Borrow(tensor, kind == "mut", param.name))
+        # Tensors for borrows, numpy scalars of the declared C type for the rest.
+        self.args = tuple(values)
+        if borrows:
+            self._claim(borrows)
+        else:
+            self.borrows = borrows
+            self.device = None  # type: ignore[assignment]  # taken from the stream it runs on
+
+    @property
+    def name(self) -> str:
+        return self.kernel.name_expression
+
+    def execute(self, stream: Stream) -> None:
+        stream.device.backend.run_kernel(self, stream)
+
+    def _bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+        names = [p.name for p in self.kernel.params]
+        sig = inspect.Signature([inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in names])
+        try:
+            bound = sig.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise SignatureError(
+                diagnostic(
+                    f"`{self.name}` takes {len(names)} arguments ({exc})",
+                    [f"declared as {self.kernel!r}"],
+                    help="pass one argument per declared parameter",
+                )
+            ) from None
+        return tuple(bound.arguments[n] for n in names)
+
+    def _scalar(self, param: KernelParam, arg: object) -> np.generic:
+        dtype = param.dtype
+        assert dtype is not None
+        if dtype.name == "bool":
+            ok = isinstance(arg, (bool, np.bool_))
+        elif isinstance(arg, bool):
+            ok = False
+        elif dtype.is_float:
+            ok = isinstance(arg, (int, float, np.integer, np.floating))
+        else:
+            ok = isinstance(arg, (int, np.integer))
+        if not ok:
+            raise SignatureError(
+                diagnostic(
+                    f"`{self.name}` parameter `{param.name}` expects sg.{dtype.name}, got {type(arg).__name__} {arg!r}",
+                    [f"declared as {self.kernel!r}"],
+                    help=f"pass a {'float' if dtype.is_float else 'int'} for `{param.name}`",
+                )
+            )
+        return dtype.scalar(arg)
+
+    def _kind_error(self, param: KernelParam, arg: object) -> None:
+        if param.kind == "mut" and isinstance(arg, Tensor):
+            head, help = f"`{self.name}` writes `{param.name}`, so it needs a mutable borrow", f"pass `{arg.name}.mut()`"
+        elif param.kind == "shared" and isinstance(arg, Mut):
+            head = f"`{self.name}` only reads `{param.name}`, but it got a mutable borrow"
+            help = f"pass `{arg.tensor.name}` without .mut()"
+        else:
+            expected = "Mut[Tensor]" if param.kind == "mut" else "Tensor"
+            head, help = f"`{self.name}` parameter `{param.name}` expects {expected}, got {type(arg).__name__}", "pass a tensor"
+        raise SignatureError(diagnostic(head, [f"declared as {self.kernel!r}"], help=help))
+
+    def _spec_error(self, param: KernelParam, tensor: Tensor) -> None:
+        raise SignatureError(
+            diagnostic(
+                f"`{self.name}` parameter `{param.name}` got `{tensor.name}` of dtype {tensor.dtype.name} and rank {tensor.ndim}",
+                [f"declared as {param.describe()}"],
+                help="pass a tensor of the declared dtype, or view() it to the declared rank",
+            )
+        )

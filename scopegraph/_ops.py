@@ -1,0 +1,262 @@
+"""Operations. Every op knows the byte ranges it reads and writes (its borrows).
+
+``GraphNode`` ops (memcpy, memset, kernel launches) touch only memory that exists before the
+graph does, so they can be recorded and replayed. Allocation ops create memory: they only run
+eagerly (``stream.run(op)`` returns the new Tensor), since their addresses would change on replay.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+import numpy as np
+
+from ._dtypes import DType, DTypeLike, as_dtype, float32
+from ._errors import SignatureError, diagnostic
+from ._tensor import Borrow, Mut, Tensor, check_borrows
+
+if TYPE_CHECKING:
+    from ._device import Device
+    from ._stream import Stream
+
+R_co = TypeVar("R_co", covariant=True)
+
+
+class Op(Generic[R_co]):
+    """Something a stream can run. ``R_co`` is what running it returns."""
+
+    __slots__ = ()
+
+    @property
+    def name(self) -> str:
+        raise NotImplementedError
+
+    def execute(self, stream: Stream) -> R_co:
+        raise NotImplementedError
+
+
+class GraphNode(Op[None]):
+    """An op that can be recorded into a graph: it reads and writes existing tensors only."""
+
+    __slots__ = ("borrows", "device")
+
+    borrows: list[Borrow]
+    device: Device
+
+    def _claim(self, borrows: list[Borrow]) -> None:
+        """Validate this op's borrows (alive, not frozen, no aliasing) and remember its device."""
+        check_borrows(self.name, borrows)
+        device = borrows[0].tensor.device
+        for b in borrows:
+            if b.tensor.device is not device:
+                raise SignatureError(
+                    diagnostic(
+                        f"`{self.name}` mixes devices",
+                        [f"`{borrows[0].param}` is on {device}", f"`{b.param}` is on {b.tensor.device}"],
+                        help="move the data to one device first (t.numpy() and dev.from_numpy())",
+                    )
+                )
+        self.borrows = borrows
+        self.device = device
+
+    @property
+    def tensors(self) -> list[Tensor]:
+        return [b.tensor for b in self.borrows]
+
+    def label(self) -> str:
+        """One line for graph.nodes and DOT pictures: the op and the tensors it touches."""
+        args = ", ".join(("mut " if b.mutable else "") + b.tensor.name for b in self.borrows)
+        return f"{self.name}({args})"
+
+    def __repr__(self) -> str:
+        return self.label()
+
+
+def _expect_mut(value: object, op: str, param: str) -> Tensor:
+    if isinstance(value, Mut):
+        return value.tensor
+    if isinstance(value, Tensor):
+        raise SignatureError(
+            diagnostic(
+                f"`{op}` writes `{param}`, so it needs a mutable borrow",
+                [f"`{param}` got `{value.name}` (a shared borrow)"],
+                help=f"pass `{value.name}.mut()`",
+            )
+        )
+    raise SignatureError(f"`{op}` parameter `{param}` expects Mut[Tensor], got {type(value).__name__}")
+
+
+def _expect_shared(value: object, op: str, param: str) -> Tensor:
+    if isinstance(value, Tensor):
+        return value
+    if isinstance(value, Mut):
+        raise SignatureError(
+            diagnostic(
+                f"`{op}` only reads `{param}`, but it got a mutable borrow",
+                [f"`{param}` got `{value.tensor.name}.mut()`"],
+                help=f"pass `{value.tensor.name}` without .mut()",
+            )
+        )
+    raise SignatureError(f"`{op}` parameter `{param}` expects Tensor, got {type(value).__name__}")
+
+
+class Memcpy(GraphNode):
+    """Copy ``src`` into ``dst`` (same dtype and byte size; shapes may differ)."""
+
+    __slots__ = ("dst", "src")
+
+    def __init__(self, dst: Mut[Tensor], src: Tensor) -> None:
+        self.dst = _expect_mut(dst, "memcpy", "dst")
+        self.src = _expect_shared(src, "memcpy", "src")
+        if self.dst.nbytes != self.src.nbytes or self.dst.dtype != self.src.dtype:
+            raise SignatureError(
+                diagnostic(
+                    "memcpy sizes differ",
+                    [
+                        f"`dst` is `{self.dst.name}`: {self.dst.dtype.name}{list(self.dst.shape)}, {self.dst.nbytes} bytes",
+                        f"`src` is `{self.src.name}`: {self.src.dtype.name}{list(self.src.shape)}, {self.src.nbytes} bytes",
+                    ],
+                    help="copy between tensors of the same dtype and size; slice rows (t[a:b]) or view() to match",
+                )
+            )
+        self._claim([Borrow(self.dst, True, "dst"), Borrow(self.src, False, "src")])
+
+    @property
+    def name(self) -> str:
+        return "memcpy"
+
+    def execute(self, stream: Stream) -> None:
+        stream.device.backend.run_memcpy(self, stream)
+
+
+class Memset(GraphNode):
+    """Set every element of ``dst`` to ``value`` (elements of 1, 2 or 4 bytes, or a repeating 8-byte pattern)."""
+
+    __slots__ = ("dst", "value", "pattern")
+
+    def __init__(self, dst: Mut[Tensor], value: float | int | bool) -> None:
+        self.dst = _expect_mut(dst, "memset", "dst")
+        self.value = self.dst.dtype.scalar(value)
+        raw = memset_pattern(self.value)
+        if raw is None:
+            raise SignatureError(
+                diagnostic(
+                    f"memset cannot fill `{self.dst.name}` ({self.dst.dtype.name}) with {value!r}",
+                    ["the driver fills 1-, 2- or 4-byte patterns; this value's 8 bytes do not repeat"],
+                    help="launch a fill kernel instead (sg.library.fill)",
+                )
+            )
+        # The repeating unit the driver writes, as raw bytes.
+        self.pattern = raw
+        self._claim([Borrow(self.dst, True, "dst")])
+
+    @property
+    def name(self) -> str:
+        return "memset"
+
+    def label(self) -> str:
+        return f"memset(mut {self.dst.name}, {self.value.item()!r})"
+
+    def execute(self, stream: Stream) -> None:
+        stream.device.backend.run_memset(self, stream)
+
+
+def memset_pattern(value: np.generic) -> bytes | None:
+    """The 1-, 2- or 4-byte unit the driver repeats to write ``value``, or None if there is none."""
+    raw = value.tobytes()
+    if len(raw) == 8 and raw[:4] == raw[4:]:
+        raw = raw[:4]
+    return raw if len(raw) in (1, 2, 4) else None
+
+
+def memcpy(dst: Mut[Tensor], src: Tensor) -> Memcpy:
+    """A graph node that copies ``src`` into ``dst``."""
+    return Memcpy(dst, src)
+
+
+def memset(dst: Mut[Tensor], value: float | int | bool) -> Memset:
+    """A graph node that fills ``dst`` with ``value``."""
+    return Memset(dst, value)
+
+
+class AllocationOp(Op[Tensor]):
+    """Creates a tensor. Not a GraphNode: run it with ``stream.run(op)``, before any scope."""
+
+    __slots__ = ("kind", "shape", "dtype", "fill", "source", "label_name")
+
+    def __init__(
+        self,
+        kind: str,
+        shape: tuple[int, ...],
+        dtype: DType,
+        fill: object = None,
+        source: np.ndarray[Any, Any] | Tensor | None = None,
+        name: str | None = None,
+    ) -> None:
+        self.kind = kind
+        self.shape = shape
+        self.dtype = dtype
+        self.fill = fill
+        self.source = source
+        self.label_name = name
+
+    @property
+    def name(self) -> str:
+        return f"sg.{self.kind}"
+
+    def __repr__(self) -> str:
+        return f"{self.name}({self.shape}, {self.dtype!r})"
+
+    def execute(self, stream: Stream) -> Tensor:
+        device = stream.device
+        if self.kind == "dup":
+            assert isinstance(self.source, Tensor)
+            tensor = device.empty(self.shape, self.dtype, name=self.label_name)
+            Memcpy(tensor.mut(), self.source).execute(stream)
+            return tensor
+        if self.kind == "from_numpy":
+            assert isinstance(self.source, np.ndarray)
+            return device.from_numpy(self.source, name=self.label_name, stream=stream)
+        tensor = device.empty(self.shape, self.dtype, name=self.label_name)
+        if self.kind != "empty":
+            if memset_pattern(self.dtype.scalar(self.fill)) is not None:
+                Memset(tensor.mut(), self.fill).execute(stream)  # type: ignore[arg-type]
+            else:
+                device.backend.write(tensor, np.full(self.shape, self.fill, self.dtype.numpy), stream)
+        return tensor
+
+
+def _shape(shape: int | tuple[int, ...] | list[int]) -> tuple[int, ...]:
+    dims = (shape,) if isinstance(shape, int) else tuple(int(d) for d in shape)
+    if any(d < 0 for d in dims):
+        raise SignatureError(f"shape {dims} has a negative dimension\nhelp: use non-negative sizes")
+    return dims
+
+
+def zeros(shape: int | tuple[int, ...] | list[int], dtype: DTypeLike = float32, name: str | None = None) -> AllocationOp:
+    """An allocation op: a new tensor filled with zeros. Run with ``stream.run``."""
+    return AllocationOp("zeros", _shape(shape), as_dtype(dtype), 0, name=name)
+
+
+def empty(shape: int | tuple[int, ...] | list[int], dtype: DTypeLike = float32, name: str | None = None) -> AllocationOp:
+    """An allocation op: a new, uninitialised tensor. Run with ``stream.run``."""
+    return AllocationOp("empty", _shape(shape), as_dtype(dtype), name=name)
+
+
+def full(
+    shape: int | tuple[int, ...] | list[int], value: float, dtype: DTypeLike = float32, name: str | None = None
+) -> AllocationOp:
+    """An allocation op: a new tensor with every element ``value``. Run with ``stream.run``."""
+    return AllocationOp("full", _shape(shape), as_dtype(dtype), value, name=name)
+
+
+def dup(tensor: Tensor, name: str | None = None) -> AllocationOp:
+    """An allocation op: a new tensor holding a copy of ``tensor``. Run with ``stream.run``."""
+    tensor.check_alive()
+    return AllocationOp("dup", tensor.shape, tensor.dtype, source=tensor, name=name)
+
+
+def from_numpy(array: np.ndarray[Any, Any], name: str | None = None) -> AllocationOp:
+    """An allocation op: a new tensor holding a copy of ``array``. Run with ``stream.run``."""
+    arr = np.ascontiguousarray(array)
+    return AllocationOp("from_numpy", arr.shape, as_dtype(arr.dtype), source=arr, name=name)

@@ -1,0 +1,145 @@
+"""Stock kernels: fill, add, axpy, add_scalar, noop, rms_norm and matvec, each with a numpy reference.
+
+The kernels are plain ``@sg.kernel`` declarations over ``kernels/library.cu``; launch them
+directly (``add[grid, block](out.mut(), a, b, n)``) or through the ``*_op`` helpers, which pick
+the grid and block from the tensors' shapes:
+
+    s.record(library.matvec_op(q.mut(), norm, wq))
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from typing import Annotated, Any
+
+import numpy as np
+
+from . import _dtypes as dt
+from ._kernel import KernelLaunch, TensorSpec, kernel
+from ._tensor import Mut, Tensor
+
+SOURCE = resources.files(__package__).joinpath("kernels/library.cu").read_text()
+
+F32 = Annotated[Tensor, TensorSpec(dt.float32)]
+MutF32 = Annotated[Mut[Tensor], TensorSpec(dt.float32)]
+F32Matrix = Annotated[Tensor, TensorSpec(dt.float32, rank=2)]
+
+NDArray = np.ndarray[Any, np.dtype[Any]]
+
+ELEMENTWISE_BLOCK = 256
+RMS_NORM_BLOCK = 256
+MATVEC_WARPS = 4
+
+
+@kernel(SOURCE)
+def fill(out: MutF32, value: dt.f32, n: dt.i32) -> None:
+    """out[:n] = value"""
+
+
+@kernel(SOURCE)
+def add(out: MutF32, a: F32, b: F32, n: dt.i32) -> None:
+    """out[:n] = a[:n] + b[:n]"""
+
+
+@kernel(SOURCE)
+def axpy(out: MutF32, x: F32, a: dt.f32, n: dt.i32) -> None:
+    """out[:n] += a * x[:n]"""
+
+
+@kernel(SOURCE)
+def add_scalar(out: MutF32, value: dt.f32, n: dt.i32) -> None:
+    """out[:n] += value"""
+
+
+@kernel(SOURCE)
+def noop() -> None:
+    """Nothing: the cost of a node itself."""
+
+
+@kernel(SOURCE)
+def rms_norm(out: MutF32, x: F32, w: F32, eps: dt.f32, d: dt.i32) -> None:
+    """Each of the grid's rows: out = x * rsqrt(mean(x**2) + eps) * w. Template argument: block size."""
+
+
+@kernel(SOURCE)
+def matvec(out: MutF32, x: F32, w: F32Matrix, n: dt.i32, k: dt.i32) -> None:
+    """out[:n] = w[:n, :k] @ x[:k]"""
+
+
+@fill.host
+def _fill(out: NDArray, value: np.float32, n: np.int32) -> None:
+    out.reshape(-1)[:n] = value
+
+
+@add.host
+def _add(out: NDArray, a: NDArray, b: NDArray, n: np.int32) -> None:
+    np.add(a.reshape(-1)[:n], b.reshape(-1)[:n], out=out.reshape(-1)[:n])
+
+
+@axpy.host
+def _axpy(out: NDArray, x: NDArray, a: np.float32, n: np.int32) -> None:
+    flat = out.reshape(-1)[:n]
+    flat += a * x.reshape(-1)[:n]
+
+
+@add_scalar.host
+def _add_scalar(out: NDArray, value: np.float32, n: np.int32) -> None:
+    flat = out.reshape(-1)[:n]
+    flat += value
+
+
+@noop.host
+def _noop() -> None:
+    pass
+
+
+@rms_norm.host
+def _rms_norm(out: NDArray, x: NDArray, w: NDArray, eps: np.float32, d: np.int32) -> None:
+    rows = x.reshape(-1, d)
+    scale = 1.0 / np.sqrt(np.mean(rows * rows, axis=1, dtype=np.float32, keepdims=True) + eps)
+    out.reshape(-1, d)[...] = rows * scale.astype(np.float32) * w.reshape(-1)[:d]
+
+
+@matvec.host
+def _matvec(out: NDArray, x: NDArray, w: NDArray, n: np.int32, k: np.int32) -> None:
+    out.reshape(-1)[:n] = w[:n, :k] @ x.reshape(-1)[:k]
+
+
+def _blocks(n: int, per_block: int) -> int:
+    return max(1, -(-n // per_block))
+
+
+def fill_op(out: Mut[Tensor], value: float) -> KernelLaunch:
+    n = out.tensor.size
+    return fill[_blocks(n, ELEMENTWISE_BLOCK), ELEMENTWISE_BLOCK](out, value, n)
+
+
+def add_op(out: Mut[Tensor], a: Tensor, b: Tensor) -> KernelLaunch:
+    n = out.tensor.size
+    return add[_blocks(n, ELEMENTWISE_BLOCK), ELEMENTWISE_BLOCK](out, a, b, n)
+
+
+def axpy_op(out: Mut[Tensor], x: Tensor, a: float) -> KernelLaunch:
+    n = out.tensor.size
+    return axpy[_blocks(n, ELEMENTWISE_BLOCK), ELEMENTWISE_BLOCK](out, x, a, n)
+
+
+def add_scalar_op(out: Mut[Tensor], value: float) -> KernelLaunch:
+    n = out.tensor.size
+    return add_scalar[_blocks(n, ELEMENTWISE_BLOCK), ELEMENTWISE_BLOCK](out, value, n)
+
+
+def rms_norm_op(out: Mut[Tensor], x: Tensor, w: Tensor, eps: float) -> KernelLaunch:
+    """Normalise each row of ``x`` (its last dimension is the model width)."""
+    d = x.shape[-1]
+    rows = x.size // d
+    return rms_norm.generics(RMS_NORM_BLOCK)[rows, RMS_NORM_BLOCK](out, x, w, eps, d)
+
+
+def matvec_op(out: Mut[Tensor], x: Tensor, w: Tensor) -> KernelLaunch:
+    """``out = w @ x`` for ``w`` of shape (n, k)."""
+    n, k = w.shape
+    return matvec[_blocks(n, MATVEC_WARPS), 32 * MATVEC_WARPS](out, x, w, n, k)
+
+
+ALL_KERNELS = (fill, add, axpy, add_scalar, noop, rms_norm.generics(RMS_NORM_BLOCK), matvec)
