@@ -142,7 +142,7 @@ class Tensor:
                     "or slice rows first (`t[a:b]`)",
                 )
             )
-        return Tensor(self._alloc, self.offset, tuple(dims), self.dtype, name, self)
+        return Tensor(self._alloc, self.offset, tuple(dims), self.dtype, name or self.name, self)
 
     def __getitem__(self, index: int | slice) -> Tensor:
         """``t[a:b]`` is a view of rows a..b; ``t[i]`` is a view of row i with one dim fewer."""

@@ -1,0 +1,29 @@
+"""Shared checks for the test suite."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import scopegraph as sg
+from scopegraph import CudaGraph, library
+
+
+def assert_stream_usable(stream: sg.Stream) -> None:
+    """After an error: the stream is not left recording, and a valid graph built next replays correctly."""
+    assert stream.recording is None
+    dev = stream.device
+    a = dev.from_numpy(np.arange(64, dtype=np.float32), name="check_a")
+    out = dev.zeros((64,), name="check_out")
+    with CudaGraph.scope(stream) as s:
+        s.record(library.add_op(out.mut(), a, a))
+        s.record(library.add_scalar_op(out.mut(), 1.0))
+    with s.graph as graph:
+        graph.launch()
+        graph.sync()
+        np.testing.assert_array_equal(out.numpy(), np.arange(64, dtype=np.float32) * 2 + 1)
+    out.free()
+    a.free()
+
+
+def pinned(t: sg.Tensor) -> bool:
+    return bool(t.allocation.pins)

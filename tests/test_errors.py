@@ -1,0 +1,334 @@
+"""Every error class of DESIGN.md section 1: raised at the user's line, before instantiation,
+with nothing left pinned or recording, and the stream still usable afterwards."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import pytest
+
+import scopegraph as sg
+from scopegraph import CudaGraph, Mut, Tensor, library
+
+from .helpers import assert_stream_usable, pinned
+
+
+@pytest.fixture
+def builds(sg_device: sg.Device, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
+    """Counts backend graph builds (instantiations) made during the test."""
+    calls: list[int] = []
+    real = sg_device.backend.build
+
+    def counting(nodes: object, stream: sg.Stream) -> object:
+        calls.append(1)
+        return real(nodes, stream)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(sg_device.backend, "build", counting)
+    yield calls
+
+
+def fails_in_scope(stream: sg.Stream, error: type[Exception], match: str, step: Callable[[sg.Scope], object]) -> sg.Scope:
+    """Run ``step`` inside a scope; it must raise ``error``; no graph, no pins, stream usable."""
+    with pytest.raises(error, match=match):
+        with CudaGraph.scope(stream) as s:
+            step(s)
+    assert stream.recording is None
+    with pytest.raises(sg.ScopeStateError, match="ended with an exception"):
+        s.graph
+    assert_stream_usable(stream)
+    return s
+
+
+# -- NotAGraphNodeError ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: sg.zeros((4,)),
+        lambda: sg.empty((4,)),
+        lambda: sg.full((4,), 1.0),
+        lambda: sg.from_numpy(np.zeros(4, np.float32)),
+    ],
+    ids=["zeros", "empty", "full", "from_numpy"],
+)
+def test_recording_an_allocation_op_is_rejected(sg_stream: sg.Stream, builds: list[int], make: Callable[[], sg.AllocationOp]) -> None:
+    fails_in_scope(sg_stream, sg.NotAGraphNodeError, "it allocates memory", lambda s: s.record(make()))  # type: ignore[arg-type]
+    assert builds == [1]  # only assert_stream_usable's graph
+
+
+def test_recording_dup_or_a_non_op_is_rejected(sg_device: sg.Device, sg_stream: sg.Stream, builds: list[int]) -> None:
+    x = sg_device.zeros((4,), name="x")
+    fails_in_scope(sg_stream, sg.NotAGraphNodeError, "allocate before the scope", lambda s: s.record(sg.dup(x)))  # type: ignore[arg-type]
+    fails_in_scope(sg_stream, TypeError, "takes a GraphNode", lambda s: s.record("memcpy"))  # type: ignore[arg-type]
+    assert builds == [1, 1]
+    assert not pinned(x)
+
+
+def test_graph_update_takes_graph_nodes_only(sg_device: sg.Device, sg_stream: sg.Stream) -> None:
+    x = sg_device.zeros((4,))
+    with CudaGraph.scope(sg_stream) as s:
+        s.record(sg.memset(x.mut(), 1.0))
+    with pytest.raises(sg.NotAGraphNodeError, match="graph.update"):
+        s.graph.update(sg.zeros((4,)))  # type: ignore[arg-type]
+    s.graph.close()
+
+
+# -- BorrowError -----------------------------------------------------------------------------
+
+
+def test_mutable_and_shared_borrow_of_one_tensor(sg_device: sg.Device, sg_stream: sg.Stream, builds: list[int]) -> None:
+    y = sg_device.zeros((64,), name="y")
+    with pytest.raises(sg.BorrowError) as info:
+        library.add_op(y.mut(), y, y)
+    msg = str(info.value)
+    assert "cannot borrow `y` as immutable because it is also borrowed as mutable in `add`" in msg
+    assert "`out` borrows `y` mutably" in msg and "`a` borrows `y` as shared" in msg and "help:" in msg
+    fails_in_scope(sg_stream, sg.BorrowError, "also borrowed as mutable", lambda s: s.record(sg.memcpy(y.mut(), y)))
+    assert builds == [1]
+
+
+def test_overlapping_views_conflict_and_disjoint_views_do_not(sg_device: sg.Device, sg_stream: sg.Stream) -> None:
+    x = sg_device.from_numpy(np.arange(8, dtype=np.float32), name="x")
+    with pytest.raises(sg.BorrowError, match=r"`x\[2:6\]` as immutable"):
+        sg.memcpy(x[0:4].mut(), x[2:6])
+    with pytest.raises(sg.BorrowError, match="bytes 8..24"):
+        sg.memcpy(x[2:6].mut(), x.view((2, 4))[0])
+    sg_stream.run(sg.memcpy(x[0:4].mut(), x[4:8]))
+    sg_stream.sync()
+    np.testing.assert_array_equal(x.numpy(), [4, 5, 6, 7, 4, 5, 6, 7])
+    assert_stream_usable(sg_stream)
+
+
+def test_two_mutable_borrows_of_one_tensor(sg_device: sg.Device, sg_stream: sg.Stream) -> None:
+    @sg.kernel("extern \"C\" __global__ void swap2(float* a, float* b) {}")
+    def swap2(a: Mut[Tensor], b: Mut[Tensor]) -> None: ...
+
+    @swap2.host
+    def _(a: np.ndarray, b: np.ndarray) -> None:  # type: ignore[type-arg]
+        a[...], b[...] = b.copy(), a.copy()
+
+    x = sg_device.zeros((8,), name="x")
+    with pytest.raises(sg.BorrowError, match="cannot borrow `x` as mutable more than once at a time in `swap2`"):
+        swap2[1, 1](x.mut(), x.mut())
+    with pytest.raises(sg.BorrowError, match="more than once"):
+        swap2[1, 1](x[0:5].mut(), x[4:8].mut())
+    fails_in_scope(sg_stream, sg.BorrowError, "more than once", lambda s: s.record(swap2[1, 1](x.view((2, 4)).mut(), x.mut())))
+
+
+def test_writing_a_frozen_tensor(sg_device: sg.Device, sg_stream: sg.Stream, builds: list[int]) -> None:
+    w = sg_device.from_numpy(np.ones(16, np.float32), name="w").freeze()
+    out = sg_device.zeros((16,), name="out")
+    with pytest.raises(sg.BorrowError, match="cannot borrow `w` as mutable in `memset`: it is frozen"):
+        sg.memset(w.mut(), 0.0)
+    fails_in_scope(sg_stream, sg.BorrowError, "frozen", lambda s: s.record(library.axpy_op(w[0:8].mut(), out[0:8], 1.0)))
+    sg_stream.run(library.add_op(out.mut(), w, w))  # reading a frozen tensor is fine
+    sg_stream.sync()
+    np.testing.assert_array_equal(out.numpy(), 2.0)
+    assert builds == [1]
+
+
+# -- LifetimeError ---------------------------------------------------------------------------
+
+
+def test_using_a_freed_tensor(sg_device: sg.Device, sg_stream: sg.Stream, builds: list[int]) -> None:
+    x = sg_device.zeros((8,), name="x")
+    y = sg_device.zeros((8,), name="y")
+    op = sg.memcpy(y.mut(), x)  # built while x is alive
+    x.free()
+    with pytest.raises(sg.LifetimeError, match="use of freed tensor `x`"):
+        sg.memcpy(y.mut(), x)
+    with pytest.raises(sg.LifetimeError, match="freed"):
+        sg_stream.run(op)
+    with pytest.raises(sg.LifetimeError, match="freed"):
+        x.numpy()
+    fails_in_scope(sg_stream, sg.LifetimeError, "use of freed tensor `x`", lambda s: s.record(op))
+    assert builds == [1]
+    assert not pinned(y)
+    x.free()  # freeing twice is harmless
+
+
+def test_freeing_a_tensor_pinned_by_an_open_scope(sg_device: sg.Device, sg_stream: sg.Stream, builds: list[int]) -> None:
+    x = sg_device.zeros((8,), name="x")
+
+    def step(s: sg.Scope) -> None:
+        s.record(sg.memset(x.mut(), 1.0))
+        x.free()
+
+    fails_in_scope(sg_stream, sg.LifetimeError, "pinned by the open scope", step)
+    assert builds == [1] and not pinned(x)
+    x.free()
+
+
+def test_freeing_a_view_is_refused(sg_device: sg.Device) -> None:
+    x = sg_device.zeros((8,), name="x")
+    with pytest.raises(sg.LifetimeError, match="it is a view"):
+        x[0:2].free()
+
+
+def test_closed_graph_cannot_be_used(sg_device: sg.Device, sg_stream: sg.Stream) -> None:
+    x = sg_device.zeros((8,), name="x")
+    with CudaGraph.scope(sg_stream) as s:
+        s.record(sg.memset(x.mut(), 1.0))
+    graph = s.graph
+    graph.close()
+    graph.close()  # idempotent
+    assert graph.closed
+    for use in (graph.launch, graph.sync, lambda: graph.update(sg.memset(x.mut(), 2.0)), lambda: graph.nodes):
+        with pytest.raises(sg.LifetimeError, match="it is closed"):
+            use()
+    assert_stream_usable(sg_stream)
+
+
+# -- SignatureError --------------------------------------------------------------------------
+
+
+def test_kernel_arguments_are_checked_against_the_declaration(sg_device: sg.Device, sg_stream: sg.Stream) -> None:
+    out = sg_device.zeros((16,), name="out")
+    x = sg_device.zeros((16,), name="x")
+    xi = sg_device.zeros((16,), sg.i32, name="xi")
+    launch = library.axpy[1, 16]
+    with pytest.raises(sg.SignatureError, match=r"takes 4 arguments"):
+        launch(out.mut(), x, 1.0)  # type: ignore[call-arg]
+    with pytest.raises(sg.SignatureError, match=r"writes `out`, so it needs a mutable borrow\n.*\nhelp: pass `out.mut\(\)`"):
+        launch(out, x, 1.0, 16)  # type: ignore[arg-type]
+    with pytest.raises(sg.SignatureError, match="only reads `x`, but it got a mutable borrow"):
+        launch(out.mut(), x.mut(), 1.0, 16)  # type: ignore[arg-type]
+    with pytest.raises(sg.SignatureError, match="got `xi` of dtype i32"):
+        launch(out.mut(), xi, 1.0, 16)
+    with pytest.raises(sg.SignatureError, match="parameter `n` expects sg.i32, got float"):
+        launch(out.mut(), x, 1.0, 16.0)  # type: ignore[arg-type]
+    with pytest.raises(sg.SignatureError, match="parameter `a` expects sg.f32, got str"):
+        launch(out.mut(), x, "1", 16)  # type: ignore[arg-type]
+    with pytest.raises(sg.SignatureError, match="rank 1"):
+        library.matvec[1, 32](out.mut(), x, x, 16, 16)
+    with pytest.raises(sg.SignatureError, match="positive integers"):
+        library.axpy[0, 16]
+    # keywords bind by name
+    op = library.axpy[1, 16](out=out.mut(), x=x, a=2.0, n=16)
+    assert [b.param for b in op.borrows] == ["out", "x"]
+    fails_in_scope(sg_stream, sg.SignatureError, "takes 4 arguments", lambda s: s.record(launch(out.mut(), x)))  # type: ignore[call-arg]
+
+
+def test_memcpy_sizes_must_match(sg_device: sg.Device, sg_stream: sg.Stream, builds: list[int]) -> None:
+    a = sg_device.zeros((8,), name="a")
+    b = sg_device.zeros((4,), name="b")
+    c = sg_device.zeros((8,), sg.i32, name="c")
+    with pytest.raises(sg.SignatureError, match="memcpy sizes differ") as info:
+        sg.memcpy(a.mut(), b)
+    assert "`dst` is `a`: f32[8], 32 bytes" in str(info.value)
+    with pytest.raises(sg.SignatureError, match="memcpy sizes differ"):
+        sg.memcpy(a.mut(), c)
+    fails_in_scope(sg_stream, sg.SignatureError, "sizes differ", lambda s: s.record(sg.memcpy(b.mut(), a)))
+    assert builds == [1]
+
+
+def test_memset_value_must_be_a_driver_pattern(sg_device: sg.Device) -> None:
+    d = sg_device.zeros((4,), sg.f64, name="d")
+    with pytest.raises(sg.SignatureError, match="fill kernel"):
+        sg.memset(d.mut(), 1.5)
+    sg.memset(d.mut(), 0.0)  # all-zero 8 bytes repeat
+
+
+def test_bad_declarations() -> None:
+    with pytest.raises(sg.SignatureError, match="has annotation"):
+
+        @sg.kernel("")
+        def bad(out: list[int]) -> None: ...
+
+    with pytest.raises(sg.SignatureError, match="no annotation"):
+
+        @sg.kernel("")
+        def bare(out) -> None: ...  # type: ignore[no-untyped-def]
+
+
+def test_kernel_without_host_reference_on_host() -> None:
+    dev = sg.device("host")
+    stream = dev.stream()
+
+    @sg.kernel('extern "C" __global__ void gpu_only(float* out) {}')
+    def gpu_only(out: Mut[Tensor]) -> None: ...
+
+    x = dev.zeros((4,), name="x")
+    with pytest.raises(sg.NoHostReferenceError, match=r"no host reference.*\n.*\nhelp: add a numpy reference with @gpu_only.host"):
+        stream.run(gpu_only[1, 1](x.mut()))
+    fails_in_scope(stream, sg.SignatureError, "no host reference", lambda s: s.record(gpu_only[1, 1](x.mut())))
+
+
+# -- ScopeStateError -------------------------------------------------------------------------
+
+
+def test_record_after_the_scope_ended(sg_device: sg.Device, sg_stream: sg.Stream) -> None:
+    x = sg_device.zeros((4,))
+    with CudaGraph.scope(sg_stream) as s:
+        s.record(sg.memset(x.mut(), 1.0))
+    with pytest.raises(sg.ScopeStateError, match="finished"):
+        s.record(sg.memset(x.mut(), 2.0))
+    with pytest.raises(sg.ScopeStateError, match="already used"):
+        with s:
+            pass
+    s.graph.close()
+    assert_stream_usable(sg_stream)
+
+
+def test_graph_read_inside_the_block(sg_stream: sg.Stream, builds: list[int]) -> None:
+    fails_in_scope(sg_stream, sg.ScopeStateError, r"`s.graph` read inside the scope", lambda s: s.graph)
+    assert builds == [1]
+
+
+def test_eager_work_on_the_recording_stream(sg_device: sg.Device, sg_stream: sg.Stream, builds: list[int]) -> None:
+    x = sg_device.zeros((4,), name="x")
+    with CudaGraph.scope(sg_stream) as s0:
+        s0.record(sg.memset(x.mut(), 1.0))
+    other = sg_device.stream()
+
+    def step(s: sg.Scope) -> None:
+        other.run(sg.memset(x.mut(), 5.0))  # another stream: fine
+        s0.graph.launch(stream=other)  # another stream: fine
+        s.record(sg.memset(x.mut(), 2.0))
+        sg_stream.run(sg.memset(x.mut(), 3.0))
+
+    fails_in_scope(sg_stream, sg.ScopeStateError, "while a scope is recording on it", step)
+    with pytest.raises(sg.ScopeStateError, match="launch graph"):
+        with CudaGraph.scope(sg_stream):
+            s0.graph.launch()
+    with pytest.raises(sg.ScopeStateError, match="recording"):
+        with CudaGraph.scope(sg_stream):
+            sg_stream.run(sg.zeros((4,)))
+    s0.graph.close()
+    assert builds == [1, 1]
+
+
+def test_nested_scopes_on_one_stream(sg_device: sg.Device, sg_stream: sg.Stream) -> None:
+    x = sg_device.zeros((4,), name="x")
+    y = sg_device.zeros((4,), name="y")
+
+    def step(s: sg.Scope) -> None:
+        with CudaGraph.scope(sg_stream):
+            pass
+
+    fails_in_scope(sg_stream, sg.ScopeStateError, "another scope is recording on it", step)
+    other = sg_device.stream()
+    with CudaGraph.scope(sg_stream) as outer:  # nesting on different streams is fine
+        outer.record(sg.memset(x.mut(), 1.0))
+        with CudaGraph.scope(other) as inner:
+            inner.record(sg.memset(y.mut(), 2.0))
+    for g in (outer.graph, inner.graph):
+        g.launch()
+        g.sync()
+        g.close()
+    np.testing.assert_array_equal(x.numpy() + y.numpy(), 3.0)
+
+
+def test_scope_needs_a_stream() -> None:
+    with pytest.raises(sg.ScopeStateError, match="needs a scopegraph Stream"):
+        CudaGraph.scope("stream")  # type: ignore[arg-type]
+    with pytest.raises(sg.SignatureError, match="not an ordering"):
+        CudaGraph.scope(sg.device("host").stream(), order="random")
+
+
+def test_every_error_is_a_scopegraph_error() -> None:
+    for cls in (sg.NotAGraphNodeError, sg.BorrowError, sg.LifetimeError, sg.SignatureError, sg.ScopeStateError, sg.CompileError, sg.CudaError):
+        assert issubclass(cls, sg.ScopeGraphError)
+    assert issubclass(sg.NotAGraphNodeError, TypeError)
