@@ -168,9 +168,10 @@ class CudaGraph:
         state = "closed" if self._exec is None else f"{len(self._nodes)} nodes"
         return f"<CudaGraph #{self.id} on {self._stream.device}, {state}, order={self.order}>"
 
-    def to_dot(self) -> str:
+    def to_dot(self, include_driver: bool = False) -> str:
         """A Graphviz DOT picture of the DAG: ops labelled with kernel and tensor names, edges with
-        the tensors that carry the dependency."""
+        the tensors that carry the dependency. ``include_driver=True`` appends the CUDA driver's
+        own dump of the graph (``cuGraphDebugDotPrint``) where there is a driver."""
         nodes = self.nodes
         lines = [f'digraph "graph{self.id}" {{', "  rankdir=TB;", '  node [shape=box, fontname="monospace"];']
         for n in nodes:
@@ -181,7 +182,11 @@ class CudaGraph:
                 label = f' [label="{_dot_escape(shared)}"]' if shared else ""
                 lines.append(f"  n{d} -> n{n.index}{label};")
         lines.append("}")
-        return "\n".join(lines) + "\n"
+        dot = "\n".join(lines) + "\n"
+        driver_dot = getattr(self.executable, "driver_dot", None)
+        if include_driver and driver_dot is not None:
+            dot += driver_dot()
+        return dot
 
 
 def _shared_tensors(before: GraphNode, after: GraphNode) -> str:

@@ -14,7 +14,7 @@ and typed scalars for cuda.core's ``launch``) and the host backend (numpy views 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Generic, ParamSpec, get_args, get_origin, get_type_hints
 
@@ -124,7 +124,7 @@ class Kernel(Generic[P]):
         fn: Callable[P, None],
         source: str,
         cpp_name: str,
-        options: tuple[str, ...] = (),
+        options: tuple[tuple[str, object], ...] = (),
         template_args: tuple[str, ...] = (),
         host_fn: Callable[..., None] | None = None,
         params: tuple[KernelParam, ...] | None = None,
@@ -197,12 +197,16 @@ def _template_arg(arg: object) -> str:
 
 
 def kernel(
-    source: str, *, name: str | None = None, options: Sequence[str] = ()
+    source: str, *, name: str | None = None, options: Mapping[str, object] | None = None
 ) -> Callable[[Callable[P, None]], Kernel[P]]:
-    """Declare a CUDA C++ kernel. The C++ name defaults to the Python function's name."""
+    """Declare a CUDA C++ kernel. The C++ name defaults to the Python function's name.
+
+    ``options`` are cuda.core ``ProgramOptions`` fields (e.g. ``{"use_fast_math": True}``);
+    the architecture is always the device's own.
+    """
 
     def wrap(fn: Callable[P, None]) -> Kernel[P]:
-        return Kernel(fn, source, name or fn.__name__, tuple(options))
+        return Kernel(fn, source, name or fn.__name__, tuple(sorted((options or {}).items())))
 
     return wrap
 
@@ -210,7 +214,7 @@ def kernel(
 class KernelLaunch(GraphNode):
     """One launch of a kernel: grid, block, shared memory and checked arguments."""
 
-    __slots__ = ("kernel", "grid", "block", "shmem", "args")
+    __slots__ = ("kernel", "grid", "block", "shmem", "args", "native")
 
     def __init__(
         self,
@@ -225,6 +229,8 @@ class KernelLaunch(GraphNode):
         self.grid = grid
         self.block = block
         self.shmem = shmem
+        # The backend's bound form of this launch, made once (see _backends/_cuda.py).
+        self.native: Any = None
         params = kernel.params
         if kwargs or len(args) != len(params):
             args = self._bind(args, kwargs)

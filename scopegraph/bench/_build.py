@@ -1,0 +1,68 @@
+"""Suite 3, record and build cost: microseconds per recorded op (tracker included) and the time
+to build and instantiate graphs of 10 to 10,000 ops, against cuda.core defining and
+instantiating the same nodes with the same edges."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from .. import library
+from .._device import Device
+from .._graph import CudaGraph
+
+SIZES = (10, 100, 1000, 10000)
+BUFFERS = 16
+
+
+def run(dev: Device, quick: bool) -> dict[str, Any]:
+    stream = dev.stream()
+    bufs = [dev.zeros((256,), name=f"b{i}") for i in range(BUFFERS)]
+    rows = []
+    for n in SIZES if not quick else SIZES[:3]:
+        # Each op reads one buffer and writes the next: a DAG of interleaved chains.
+        ops = [library.axpy_op(bufs[(i + 1) % BUFFERS].mut(), bufs[i % BUFFERS], 1.0) for i in range(n)]
+        best: dict[str, float] = {}
+        for _ in range(3):
+            t0 = time.perf_counter()
+            scope = CudaGraph.scope(stream)
+            with scope as s:
+                for op in ops:
+                    s.record(op)
+                t1 = time.perf_counter()
+            t2 = time.perf_counter()
+            graph = s.graph
+            sample = {"record": (t1 - t0) / n, "build": t2 - t1}
+            best = {k: min(v, best.get(k, v)) for k, v in sample.items()}
+            if dev.is_cuda and "core" not in best:
+                best["core"] = _core_define_instantiate(graph)
+            elif dev.is_cuda:
+                best["core"] = min(best["core"], _core_define_instantiate(graph))
+            graph.close()
+        row: dict[str, Any] = {"n": n, "record_us_per_op": best["record"] * 1e6, "build_s": best["build"]}
+        if "core" in best:
+            row |= {"core_define_instantiate_s": best["core"], "build_over_core": best["build"] / best["core"]}
+        rows.append(row)
+    return {"rows": rows}
+
+
+def _core_define_instantiate(graph: CudaGraph) -> float:
+    """cuda.core alone: the same kernels and edges, defined, instantiated and uploaded."""
+    from cuda.core.graph import GraphDefinition
+
+    records = graph.nodes
+    natives = [r.op.native for r in records]  # type: ignore[attr-defined]
+    deps = [sorted(r.deps) for r in records]
+    t0 = time.perf_counter()
+    definition = GraphDefinition()
+    made: list[Any] = []
+    for (fn, config, args), pred in zip(natives, deps):
+        node = (made[pred[0]] if len(pred) == 1 else definition).launch(config, fn, *args)
+        if len(pred) > 1:
+            node.pred = [made[p] for p in pred]
+        made.append(node)
+    exe = definition.instantiate()
+    exe.upload(graph.stream.native)
+    elapsed = time.perf_counter() - t0
+    exe.close()
+    return elapsed

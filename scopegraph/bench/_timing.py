@@ -1,0 +1,73 @@
+"""Timing helpers shared by the benchmark suites: medians of repeated rounds, environment facts."""
+
+from __future__ import annotations
+
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+
+def time_calls(fn: Callable[[], object], sync: Callable[[], object], calls: int, rounds: int = 5, warmup: int = 2) -> dict[str, float]:
+    """Median seconds per call over ``rounds`` rounds of ``calls`` back-to-back calls.
+
+    ``wall`` includes waiting for the device at the end of each round (the throughput a loop of
+    these calls reaches); ``submit`` is the CPU time to issue the calls (before the wait).
+    """
+    for _ in range(warmup):
+        fn()
+    sync()
+    walls, submits = [], []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        t1 = time.perf_counter()
+        sync()
+        t2 = time.perf_counter()
+        walls.append((t2 - t0) / calls)
+        submits.append((t1 - t0) / calls)
+    return {"wall": statistics.median(walls), "submit": statistics.median(submits)}
+
+
+def once(fn: Callable[[], object], rounds: int = 3) -> float:
+    """Median seconds of ``fn()`` over a few rounds."""
+    times = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def environment() -> dict[str, Any]:
+    import numpy
+
+    from .. import __version__
+    from .._device import device
+
+    env: dict[str, Any] = {"scopegraph": __version__, "python": platform.python_version(), "numpy": numpy.__version__}
+    dev = device()
+    env["device"] = str(dev)
+    if dev.is_cuda:
+        import cuda.bindings
+        import cuda.core
+
+        core = dev.backend.core  # type: ignore[attr-defined]
+        env |= {"gpu": core.name, "arch": dev.backend.arch, "cuda.core": cuda.core.__version__, "cuda.bindings": cuda.bindings.__version__}  # type: ignore[attr-defined]
+    try:
+        import torch
+
+        env["torch"] = torch.__version__
+    except ImportError:
+        env["torch"] = None
+    return env
+
+
+def us(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e6:9.2f}"
+
+
+def ratio(a: float | None, b: float | None) -> str:
+    return "-" if a is None or b is None or b == 0 else f"{a / b:6.3f}"

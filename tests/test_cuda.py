@@ -1,0 +1,128 @@
+"""What only the CUDA backend does: cuda.core graphs, driver errors, interop. Marked `cuda`."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import scopegraph as sg
+from scopegraph import CudaGraph, library
+from scopegraph.transformer import Config, LayerStack, relative_error
+
+pytestmark = pytest.mark.cuda
+
+
+@pytest.fixture
+def cuda() -> sg.Device:
+    return sg.device("cuda")
+
+
+def test_gpu_replay_equals_eager_gpu_and_host(cuda: sg.Device) -> None:
+    cfg = Config(d=512, n_layers=4)
+    x0 = np.random.default_rng(3).standard_normal(cfg.d).astype(np.float32)
+    results = {}
+    for name, dev, use_graph in (("graph", cuda, True), ("eager", cuda, False), ("host", sg.device("host"), True)):
+        model = LayerStack(dev, cfg)
+        stream = dev.stream()
+        stream.run(sg.memcpy(model.hidden.mut(), dev.from_numpy(x0)))
+        if use_graph:
+            with model.record_graph(stream) as graph:
+                for _ in range(3):
+                    graph.launch()
+                graph.sync()
+                results[name] = model.hidden.numpy()
+        else:
+            ops = model.ops()
+            for _ in range(3):
+                model.run_eager(stream, ops)
+            stream.sync()
+            results[name] = model.hidden.numpy()
+    assert relative_error(results["graph"], results["eager"]) < 1e-6
+    assert relative_error(results["graph"], results["host"]) < 1e-5
+
+
+def test_graph_is_a_cuda_core_graph_with_the_dataflow_edges(cuda: sg.Device) -> None:
+    stream = cuda.stream()
+    a, b, c = (cuda.zeros((64,), name=n) for n in "abc")
+    with CudaGraph.scope(stream) as s:
+        s.record(library.fill_op(a.mut(), 1.0))
+        s.record(library.fill_op(b.mut(), 2.0))
+        s.record(library.add_op(c.mut(), a, b))
+        s.record(sg.memset(a.mut(), 0.0))
+    with s.graph as graph:
+        exe = graph.executable
+        core_nodes = exe.nodes  # type: ignore[attr-defined]
+        edges = {(core_nodes.index(src), core_nodes.index(dst)) for src, dst in exe.definition.edges()}  # type: ignore[attr-defined]
+        assert edges == {(0, 2), (1, 2), (2, 3)}
+        graph.launch()
+        graph.sync()
+        np.testing.assert_array_equal(c.numpy(), 3.0)
+        np.testing.assert_array_equal(a.numpy(), 0.0)
+        dot = graph.to_dot(include_driver=True)
+        assert "add(mut c, a, b)" in dot and dot.count("digraph") == 2
+
+
+def test_template_instantiations_compile_once(cuda: sg.Device) -> None:
+    k = library.rms_norm.generics(128)
+    assert library.rms_norm.generics(128) is k and k.name_expression == "rms_norm<128>"
+    x = cuda.from_numpy(np.ones((2, 64), np.float32))
+    w = cuda.from_numpy(np.full(64, 2.0, np.float32))
+    out = cuda.zeros((2, 64))
+    stream = cuda.stream()
+    for _ in range(2):
+        stream.run(k[2, 128](out.mut(), x, w, 0.0, 64))
+    stream.sync()
+    assert len(k.compiled) == 1
+    np.testing.assert_allclose(out.numpy(), 2.0, rtol=1e-6)
+
+
+def test_bad_launch_is_a_cuda_error_and_the_stream_survives(cuda: sg.Device) -> None:
+    stream = cuda.stream()
+    x = cuda.zeros((4,), name="x")
+    with pytest.raises(sg.CudaError) as info:
+        stream.run(library.fill[1, 4096](x.mut(), 1.0, 4))  # more threads per block than the GPU has
+    assert info.value.result.startswith("CUDA_ERROR_") and "fill" in info.value.operation
+    stream.run(library.fill_op(x.mut(), 1.0))
+    stream.sync()
+    np.testing.assert_array_equal(x.numpy(), 1.0)
+
+
+def test_mixing_devices_is_a_signature_error(cuda: sg.Device) -> None:
+    host = sg.device("host")
+    with pytest.raises(sg.SignatureError, match="mixes devices"):
+        sg.memcpy(cuda.zeros((4,)).mut(), host.zeros((4,)))
+    with pytest.raises(sg.SignatureError, match="but the stream is on cuda:0"):
+        cuda.stream().run(sg.memset(host.zeros((4,)).mut(), 1.0))
+
+
+def test_torch_interop_without_copies(cuda: sg.Device) -> None:
+    torch = pytest.importorskip("torch")
+    t = torch.arange(16, dtype=torch.float32, device="cuda")
+    x = sg.Tensor.from_dlpack(t, name="t")
+    assert x.shape == (16,) and x.allocation.borrowed and x.data_ptr == t.data_ptr()
+    out = cuda.zeros((16,), name="out")
+    torch_stream = torch.cuda.Stream()
+    stream = sg.Stream.from_handle(torch_stream)
+    with CudaGraph.scope(stream) as s:
+        s.record(library.add_op(out.mut(), x, x))
+    with s.graph as g:
+        torch.cuda.synchronize()
+        g.launch()
+        g.sync()
+    back = torch.from_dlpack(out)
+    assert back.data_ptr() == out.data_ptr
+    assert torch.equal(back, t * 2)
+    assert torch.as_tensor(out, device="cuda").data_ptr() == out.data_ptr  # __cuda_array_interface__
+    x.free()  # borrowed: scopegraph does not free torch's memory
+    assert t.sum().item() == 120
+
+
+def test_cupy_interop(cuda: sg.Device) -> None:
+    cp = pytest.importorskip("cupy")
+    a = cp.arange(8, dtype=cp.float32)
+    x = sg.Tensor.from_dlpack(a)
+    stream = cuda.stream()
+    stream.run(library.add_scalar_op(x.mut(), 1.0))
+    stream.sync()
+    assert cp.asnumpy(a).tolist() == list(range(1, 9))
+    assert cp.asarray(cuda.from_numpy(np.ones(3, np.float32))).sum().item() == 3.0
