@@ -31,13 +31,18 @@ _graph_ids = itertools.count(1)
 class RecordedNode:
     """A handle naming one recorded op: its index, the op, its predecessors and where it was recorded."""
 
-    __slots__ = ("index", "op", "deps", "location")
+    __slots__ = ("index", "op", "deps", "_where")
 
-    def __init__(self, index: int, op: GraphNode, deps: frozenset[int], location: str) -> None:
+    def __init__(self, index: int, op: GraphNode, deps: frozenset[int], where: tuple[str, int]) -> None:
         self.index = index
         self.op = op
         self.deps = deps
-        self.location = location
+        self._where = where  # (file, line), formatted only when asked: record is a hot path
+
+    @property
+    def location(self) -> str:
+        """``file:line`` of the ``s.record`` call."""
+        return f"{self._where[0]}:{self._where[1]}"
 
     def __repr__(self) -> str:
         deps = ", ".join(map(str, sorted(self.deps)))

@@ -87,7 +87,8 @@ class Scope:
             if alloc.id not in pinned:
                 pinned[alloc.id] = alloc
                 alloc.pins[id(self)] = f"the open scope at {self.opened_at}"
-        node = RecordedNode(len(self._nodes), op, deps, _caller(1))
+        frame = sys._getframe(1)
+        node = RecordedNode(len(self._nodes), op, deps, (frame.f_code.co_filename, frame.f_lineno))
         self._nodes.append(node)
         return node
 

@@ -76,7 +76,8 @@ def check_runnable(op: GraphNode, stream: Stream) -> None:
     for b in op.borrows:
         if b.alloc.freed:
             b.tensor.check_alive()
-    if op.device is not None and op.device is not stream.device:
+    device = op.device
+    if device is not stream.device and device is not None:
         raise SignatureError(
             diagnostic(
                 f"`{op.name}` uses tensors on {op.device} but the stream is on {stream.device}",

@@ -27,7 +27,6 @@ F32Matrix = Annotated[Tensor, TensorSpec(dt.float32, rank=2)]
 NDArray = np.ndarray[Any, np.dtype[Any]]
 
 ELEMENTWISE_BLOCK = 256
-RMS_NORM_BLOCK = 256
 MATVEC_WARPS = 4
 
 
@@ -129,11 +128,16 @@ def add_scalar_op(out: Mut[Tensor], value: float) -> KernelLaunch:
     return add_scalar[_blocks(n, ELEMENTWISE_BLOCK), ELEMENTWISE_BLOCK](out, value, n)
 
 
+def rms_norm_block(d: int) -> int:
+    """Threads per row: about two elements each, a multiple of 32, at most 1024."""
+    return min(1024, max(32, -(-d // 64) * 32))
+
+
 def rms_norm_op(out: Mut[Tensor], x: Tensor, w: Tensor, eps: float) -> KernelLaunch:
     """Normalise each row of ``x`` (its last dimension is the model width)."""
     d = x.shape[-1]
-    rows = x.size // d
-    return rms_norm.generics(RMS_NORM_BLOCK)[rows, RMS_NORM_BLOCK](out, x, w, eps, d)
+    block = rms_norm_block(d)
+    return rms_norm.generics(block)[x.size // d, block](out, x, w, eps, d)
 
 
 def matvec_op(out: Mut[Tensor], x: Tensor, w: Tensor) -> KernelLaunch:
@@ -142,4 +146,4 @@ def matvec_op(out: Mut[Tensor], x: Tensor, w: Tensor) -> KernelLaunch:
     return matvec[_blocks(n, MATVEC_WARPS), 32 * MATVEC_WARPS](out, x, w, n, k)
 
 
-ALL_KERNELS = (fill, add, axpy, add_scalar, noop, rms_norm.generics(RMS_NORM_BLOCK), matvec)
+ALL_KERNELS = (fill, add, axpy, add_scalar, noop, rms_norm.generics(rms_norm_block(2048)), matvec)

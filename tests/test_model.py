@@ -73,5 +73,5 @@ def test_layer_graph_shape(sg_device: sg.Device) -> None:
         for n in graph.nodes[1:]:
             assert n.deps, n
         labels = [n.op.label() for n in graph.nodes[:5]]
-        assert labels[0] == "rms_norm<256>(mut norm0, hidden, norm_w0)"
+        assert labels[0] == "rms_norm<128>(mut norm0, hidden, norm_w0)"
         assert labels[4] == "memcpy(mut hidden, residual0)"

@@ -25,33 +25,44 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from cuda.core import Buffer, LaunchConfig, launch
+from cuda.core import Device as CoreDevice
+from cuda.core import Stream as CoreStream
+from cuda.core.graph import GraphDefinition
+from cuda.core.utils import StridedMemoryView
 
 from .._compile import compile_kernel
 from .._errors import CudaError
+from .._kernel import KernelLaunch
+from .._ops import GraphNode, Memcpy, Memset
+from .._tensor import Tensor
 
 if TYPE_CHECKING:
-    from cuda.core import Buffer, Graph, Stream as CoreStream
-    from cuda.core.graph import GraphDefinition, GraphNode as CoreNode
+    from cuda.core import Graph
+    from cuda.core.graph import GraphNode as CoreNode
 
     from .._graph import RecordedNode
-    from .._kernel import KernelLaunch
-    from .._ops import GraphNode, Memcpy, Memset
     from .._stream import Stream
-    from .._tensor import Allocation, Tensor
+    from .._tensor import Allocation
 
 _RESULT = re.compile(r"CUDA_ERROR_[A-Z0-9_]+")
 
 
+def cuda_error(operation: str, exc: Exception) -> CudaError:
+    """A CudaError naming the CUresult that cuda.core's exception carries."""
+    found = _RESULT.search(str(exc))
+    return CudaError(operation, found.group(0) if found else type(exc).__name__, str(exc))
+
+
 @contextlib.contextmanager
 def driver_call(operation: str) -> Iterator[None]:
-    """Turn any failure of cuda.core or the driver into a CudaError naming the CUresult."""
+    """Turn any failure of cuda.core or the driver into a CudaError (for paths off the hot loop)."""
     try:
         yield
     except CudaError:
         raise
     except Exception as exc:
-        found = _RESULT.search(str(exc))
-        raise CudaError(operation, found.group(0) if found else type(exc).__name__, str(exc)) from exc
+        raise cuda_error(operation, exc) from exc
 
 
 class _CudaExecutable:
@@ -63,7 +74,10 @@ class _CudaExecutable:
         self.nodes = nodes
 
     def launch(self, stream: Stream) -> None:
-        self.graph.launch(stream.native)  # type: ignore[arg-type]
+        try:
+            self.graph.launch(stream.native)  # type: ignore[arg-type]
+        except Exception as exc:
+            raise cuda_error("cuGraphLaunch", exc) from exc
 
     def close(self) -> None:
         self.graph.close()
@@ -82,8 +96,6 @@ class CudaBackend:
     name = "cuda"
 
     def __init__(self, index: int) -> None:
-        from cuda.core import Device as CoreDevice
-
         with driver_call(f"initialising cuda:{index}"):
             self.core = CoreDevice(index)
             self.core.set_current()
@@ -112,13 +124,9 @@ class CudaBackend:
 
     def _view(self, tensor: Tensor) -> Buffer:
         """A non-owning Buffer over a tensor's bytes (mr=None: closing it frees nothing)."""
-        from cuda.core import Buffer
-
         return Buffer.from_handle(self.address(tensor.allocation) + tensor.offset, tensor.nbytes, owner=tensor.allocation.storage)
 
     def read(self, alloc: Allocation, offset: int, nbytes: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
-        from cuda.core import Buffer
-
         host = np.empty(nbytes, np.uint8)
         if nbytes:
             with driver_call("copying device memory to the host"):
@@ -129,8 +137,6 @@ class CudaBackend:
         return host
 
     def write(self, tensor: Tensor, array: np.ndarray[Any, Any], stream: Stream | None) -> None:
-        from cuda.core import Buffer
-
         host = np.ascontiguousarray(array, dtype=tensor.dtype.numpy)
         if not tensor.nbytes:
             return
@@ -147,8 +153,6 @@ class CudaBackend:
             return self.core.create_stream()
 
     def stream_from_handle(self, obj: object) -> object:
-        from cuda.core import Stream as CoreStream
-
         if isinstance(obj, CoreStream):
             return obj
         with driver_call("wrapping a foreign stream"):
@@ -165,17 +169,11 @@ class CudaBackend:
     # -- eager ops ------------------------------------------------------------------------
 
     def prepare(self, op: GraphNode) -> None:
-        from .._kernel import KernelLaunch
-
-        if isinstance(op, KernelLaunch) and op.native is None:
+        if type(op) is KernelLaunch and op.native is None:
             op.native = self._bind(op)
 
     def _bind(self, op: KernelLaunch) -> tuple[Any, Any, tuple[Any, ...]]:
         """The cuda.core form of a launch: (Kernel, LaunchConfig, args with pointers as ints)."""
-        from cuda.core import LaunchConfig
-
-        from .._tensor import Tensor
-
         kernel = op.kernel
         fn = kernel.compiled.get(self)
         if fn is None:
@@ -196,20 +194,18 @@ class CudaBackend:
             self._view(op.dst).fill(_fill_value(op.pattern), stream=stream.native)  # type: ignore[arg-type]
 
     def run_kernel(self, op: KernelLaunch, stream: Stream) -> None:
-        from cuda.core import launch
-
         native = op.native
         if native is None:
             native = op.native = self._bind(op)
         fn, config, args = native
-        with driver_call(f"launching `{op.name}`"):
+        try:
             launch(stream.native, config, fn, *args)  # type: ignore[arg-type]
+        except Exception as exc:
+            raise cuda_error(f"launching `{op.name}`", exc) from exc
 
     # -- graphs ---------------------------------------------------------------------------
 
     def build(self, nodes: Sequence[RecordedNode], stream: Stream) -> _CudaExecutable:
-        from cuda.core.graph import GraphDefinition
-
         with driver_call("building the graph definition"):
             definition = GraphDefinition()
             made: list[CoreNode] = []
@@ -230,9 +226,6 @@ class CudaBackend:
         return _CudaExecutable(graph, definition, made)
 
     def _add_node(self, parent: Any, op: GraphNode) -> CoreNode:
-        from .._kernel import KernelLaunch
-        from .._ops import Memcpy, Memset
-
         if isinstance(op, KernelLaunch):
             if op.native is None:
                 op.native = self._bind(op)
@@ -252,8 +245,6 @@ class CudaBackend:
     # -- interop --------------------------------------------------------------------------
 
     def dlpack(self, tensor: Tensor, stream: int | None) -> object:
-        from cuda.core.utils import StridedMemoryView
-
         view = StridedMemoryView.from_buffer(self._view(tensor), tensor.shape, dtype=tensor.dtype.numpy)
         return view.__dlpack__(stream=stream)
 

@@ -13,13 +13,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._errors import SignatureError, diagnostic
+from .._kernel import KernelLaunch
+from .._ops import GraphNode, Memcpy, Memset
+from .._tensor import Tensor
 
 if TYPE_CHECKING:
     from .._graph import RecordedNode
-    from .._kernel import KernelLaunch
-    from .._ops import GraphNode, Memcpy, Memset
     from .._stream import Stream
-    from .._tensor import Allocation, Tensor
+    from .._tensor import Allocation
 
 NDArray = np.ndarray[Any, np.dtype[Any]]
 
@@ -39,10 +40,6 @@ def _array(tensor: Tensor, writable: bool) -> NDArray:
 
 def _thunk(op: GraphNode) -> Callable[[], None]:
     """Bind an op to numpy views once, so replay only calls functions."""
-    from .._kernel import KernelLaunch
-    from .._ops import Memcpy, Memset
-    from .._tensor import Tensor
-
     if isinstance(op, Memcpy):
         dst, src = _array(op.dst, True).reshape(-1), _array(op.src, False).reshape(-1)
         return lambda: np.copyto(dst, src)
@@ -104,9 +101,7 @@ class HostBackend:
         pass
 
     def prepare(self, op: GraphNode) -> None:
-        from .._kernel import KernelLaunch
-
-        if isinstance(op, KernelLaunch) and op.kernel.host_fn is None:
+        if type(op) is KernelLaunch and op.kernel.host_fn is None:
             raise NoHostReferenceError(
                 diagnostic(
                     f"kernel `{op.name}` has no host reference, so the host backend cannot run it",

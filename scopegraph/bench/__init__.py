@@ -56,18 +56,20 @@ def format_table(r: dict[str, Any]) -> str:
                          f"{cell('core_eager')} {cell('torch_eager')} {cell('torch_graph')}")
     if "model" in r:
         m = r["model"]
-        lines += ["", f"## 2. the seed's model, d={m['d']}: tokens per second",
-                  f"{'layers':>6} {'sg eager':>10} {'sg graph':>10} {'graph/eager':>11} {'torch eager':>11} {'torch graph':>11} {'sg/torch graph':>14} {'GB/s':>8} {'of copy':>8}"]
+        lines += ["", "## 2. the seed's model: tokens per second",
+                  f"{'d':>5} {'layers':>6} {'sg eager':>10} {'sg graph':>10} {'graph/eager':>11} {'torch eager':>11} {'torch graph':>11} {'sg/torch graph':>14} {'GB/s':>8} {'of copy':>8}"]
         for row in m["rows"]:
             tg = row.get("torch_graph_tok_s")
             lines.append(
-                f"{row['n_layers']:>6} {row['sg_eager_tok_s']:>10.0f} {row['sg_graph_tok_s']:>10.0f} {row['graph_over_eager']:>11.2f} "
+                f"{row['d']:>5} {row['n_layers']:>6} {row['sg_eager_tok_s']:>10.0f} {row['sg_graph_tok_s']:>10.0f} {row['graph_over_eager']:>11.2f} "
                 f"{row.get('torch_eager_tok_s', 0):>11.0f} {tg or 0:>11.0f} {ratio(row['sg_graph_tok_s'], tg):>14} "
                 f"{row['graph_bandwidth'] / 1e9:>8.0f} {row.get('graph_fraction_of_copy', 0):>8.1%}"
             )
         if "copy_bandwidth" in m:
-            lines.append(f"device-to-device copy: {m['copy_bandwidth'] / 1e9:.0f} GB/s (read + write); "
-                         f"44 back-to-back matvecs: {m['matvec_bandwidth'] / 1e9:.0f} GB/s = {m['matvec_fraction_of_copy']:.1%} of copy")
+            copies = ", ".join(f"{k} {v / 1e9:.0f}" for k, v in m["copy_bandwidths"].items())
+            lines.append(f"device-to-device copy (read + write, GB/s): {copies}; best {m['copy_bandwidth'] / 1e9:.0f}; "
+                         f"44 back-to-back matvecs: {m['matvec_bandwidth'] / 1e9:.0f} GB/s = {m['matvec_fraction_of_copy']:.1%} of the best copy, "
+                         f"{m['matvec_fraction_of_memcpy']:.1%} of memcpy")
     if "build" in r:
         lines += ["", "## 3. record and build cost",
                   f"{'ops':>6} {'record us/op':>12} {'build ms':>10} {'cuda.core ms':>12} {'build/core':>10}"]
@@ -105,7 +107,7 @@ def plot(r: dict[str, Any], out_dir: Path) -> None:
         fig.savefig(out_dir / "launch_overhead.png", dpi=120)
     if "model" in r:
         fig, ax = plt.subplots(figsize=(6, 4))
-        rows = r["model"]["rows"]
+        rows = [row for row in r["model"]["rows"] if row["d"] == r["model"]["d"]]
         layers = [row["n_layers"] for row in rows]
         ax.plot(layers, [row["graph_over_eager"] for row in rows], marker="o", label="scopegraph graph / eager")
         if all("torch_graph_tok_s" in row for row in rows):

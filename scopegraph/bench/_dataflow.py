@@ -1,9 +1,12 @@
-"""Suite 4, dataflow parallelism: k independent chains of small kernels, recorded in dataflow
-order (k parallel branches) against program order (one chain)."""
+"""Suite 4, dataflow parallelism: k independent chains of small kernels (RMSNorm of one 2048-wide
+row: one block, a small part of the GPU), recorded in dataflow order (k parallel branches)
+against program order (one chain)."""
 
 from __future__ import annotations
 
 from typing import Any
+
+import numpy as np
 
 from .. import library
 from .._device import Device
@@ -11,15 +14,23 @@ from .._graph import CudaGraph
 from ._timing import time_calls
 
 CHAINS = (1, 2, 4, 8)
-LENGTH = 200
+LENGTH = 100
+WIDTH = 2048
 
 
 def run(dev: Device, quick: bool) -> dict[str, Any]:
     stream = dev.stream()
+    rng = np.random.default_rng(0)
+    w = dev.from_numpy(np.ones(WIDTH, np.float32), name="w").freeze()
     rows = []
     for k in CHAINS if not quick else (1, 4):
-        bufs = [dev.zeros((4096,), name=f"chain{i}") for i in range(k)]
-        ops = [library.add_scalar_op(b.mut(), 1.0) for _ in range(LENGTH) for b in bufs]
+        pairs = [(dev.from_numpy(rng.standard_normal(WIDTH, dtype=np.float32), name=f"a{i}"), dev.zeros((WIDTH,), name=f"b{i}")) for i in range(k)]
+        ops = []
+        for _ in range(LENGTH // 2):
+            for a, b in pairs:  # ping-pong: a -> b -> a, each step depends on the last
+                ops.append(library.rms_norm_op(b.mut(), a, w, 1e-5))
+            for a, b in pairs:
+                ops.append(library.rms_norm_op(a.mut(), b, w, 1e-5))
         times = {}
         for order in ("dataflow", "program"):
             with CudaGraph.scope(stream, order=order) as s:

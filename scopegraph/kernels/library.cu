@@ -51,8 +51,9 @@ __global__ void rms_norm(float* __restrict__ out, const float* __restrict__ x,
     for (int i = threadIdx.x; i < d; i += BS) dst[i] = row[i] * scale * w[i];
 }
 
-// out[r] = dot(w[r, :], x) for r < n. One warp per row; each lane keeps 8 16-byte loads in
-// flight, so the weights stream at close to the memory bandwidth. Needs k % 4 == 0 and
+// out[r] = dot(w[r, :], x) for r < n. One warp per row; each lane issues 16 16-byte loads before
+// using any, so a 2048-wide row is one round trip to memory and the weights stream at close to
+// the memory bandwidth. Needs k % 4 == 0 and
 // 16-byte-aligned rows for the vector path; other shapes take the scalar loop.
 extern "C" __global__ void matvec(float* __restrict__ out, const float* __restrict__ x,
                                   const float* __restrict__ w, int n, int k) {
@@ -67,12 +68,12 @@ extern "C" __global__ void matvec(float* __restrict__ out, const float* __restri
         const float4* x4 = reinterpret_cast<const float4*>(x);
         const int k4 = k >> 2;
         int c = lane;
-        for (; c + 7 * 32 < k4; c += 8 * 32) {
-            float4 wv[8];
+        for (; c + 15 * 32 < k4; c += 16 * 32) {
+            float4 wv[16];
 #pragma unroll
-            for (int u = 0; u < 8; ++u) wv[u] = __ldcs(w4 + c + u * 32);
+            for (int u = 0; u < 16; ++u) wv[u] = __ldcs(w4 + c + u * 32);
 #pragma unroll
-            for (int u = 0; u < 8; ++u) {
+            for (int u = 0; u < 16; ++u) {
                 float4 xv = __ldg(x4 + c + u * 32);
                 acc += wv[u].x * xv.x + wv[u].y * xv.y + wv[u].z * xv.z + wv[u].w * xv.w;
             }
