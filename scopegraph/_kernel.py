@@ -177,13 +177,29 @@ class Kernel(Generic[P]):
             )
         grid = _dim3(launch[0], "grid", self.cpp_name)
         block = _dim3(launch[1], "block", self.cpp_name)
-        shmem = int(launch[2]) if len(launch) == 3 else 0
+        return Launcher(self, grid, block, int(launch[2]) if len(launch) == 3 else 0)
 
-        def build(*args: P.args, **kwargs: P.kwargs) -> KernelLaunch:
-            return KernelLaunch(self, grid, block, shmem, args, kwargs)
 
-        build.__name__ = self.cpp_name
-        return build
+class Launcher(Generic[P]):
+    """``kernel[grid, block]``: calling it with the kernel's arguments builds a KernelLaunch.
+
+    Typed as ``Callable[P, KernelLaunch]`` so mypy's messages need no ``__call__``; the mypy
+    plugin retypes it as ``Launcher[P]`` to name the kernel and check borrows in the call.
+    """
+
+    __slots__ = ("kernel", "grid", "block", "shmem")
+
+    def __init__(self, kernel: Kernel[P], grid: tuple[int, int, int], block: tuple[int, int, int], shmem: int) -> None:
+        self.kernel = kernel
+        self.grid = grid
+        self.block = block
+        self.shmem = shmem
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> KernelLaunch:
+        return KernelLaunch(self.kernel, self.grid, self.block, self.shmem, args, kwargs)
+
+    def __repr__(self) -> str:
+        return f"{self.kernel.name_expression}[{self.grid}, {self.block}]"
 
 
 def _template_arg(arg: object) -> str:

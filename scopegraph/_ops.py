@@ -74,7 +74,8 @@ class GraphNode(Op[None]):
 
 def _expect_mut(value: object, op: str, param: str) -> Tensor:
     if isinstance(value, Mut):
-        return value.tensor
+        tensor: Tensor = value.tensor
+        return tensor
     if isinstance(value, Tensor):
         raise SignatureError(
             diagnostic(

@@ -143,4 +143,4 @@ def relative_error(got: NDArray, want: NDArray) -> float:
     got64, want64 = got.astype(np.float64), want.astype(np.float64)
     if not np.all(np.isfinite(got64)):
         return float("inf")
-    return float(np.linalg.norm(got64 - want64) / max(np.linalg.norm(want64), 1e-300))
+    return float(np.linalg.norm(got64 - want64)) / (float(np.linalg.norm(want64)) or 1e-300)

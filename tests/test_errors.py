@@ -81,11 +81,11 @@ def test_graph_update_takes_graph_nodes_only(sg_device: sg.Device, sg_stream: sg
 def test_mutable_and_shared_borrow_of_one_tensor(sg_device: sg.Device, sg_stream: sg.Stream, builds: list[int]) -> None:
     y = sg_device.zeros((64,), name="y")
     with pytest.raises(sg.BorrowError) as info:
-        library.add_op(y.mut(), y, y)
+        library.add_op(y.mut(), y, y)  # type: ignore[scopegraph-borrow]  # the runtime check under test
     msg = str(info.value)
     assert "cannot borrow `y` as immutable because it is also borrowed as mutable in `add`" in msg
     assert "`out` borrows `y` mutably" in msg and "`a` borrows `y` as shared" in msg and "help:" in msg
-    fails_in_scope(sg_stream, sg.BorrowError, "also borrowed as mutable", lambda s: s.record(sg.memcpy(y.mut(), y)))
+    fails_in_scope(sg_stream, sg.BorrowError, "also borrowed as mutable", lambda s: s.record(sg.memcpy(y.mut(), y)))  # type: ignore[scopegraph-borrow]  # the runtime check under test
     assert builds == [1]
 
 
@@ -106,12 +106,12 @@ def test_two_mutable_borrows_of_one_tensor(sg_device: sg.Device, sg_stream: sg.S
     def swap2(a: Mut[Tensor], b: Mut[Tensor]) -> None: ...
 
     @swap2.host
-    def _(a: np.ndarray, b: np.ndarray) -> None:  # type: ignore[type-arg]
+    def _(a: np.ndarray, b: np.ndarray) -> None:
         a[...], b[...] = b.copy(), a.copy()
 
     x = sg_device.zeros((8,), name="x")
     with pytest.raises(sg.BorrowError, match="cannot borrow `x` as mutable more than once at a time in `swap2`"):
-        swap2[1, 1](x.mut(), x.mut())
+        swap2[1, 1](x.mut(), x.mut())  # type: ignore[scopegraph-borrow]  # the runtime check under test
     with pytest.raises(sg.BorrowError, match="more than once"):
         swap2[1, 1](x[0:5].mut(), x[4:8].mut())
     fails_in_scope(sg_stream, sg.BorrowError, "more than once", lambda s: s.record(swap2[1, 1](x.view((2, 4)).mut(), x.mut())))

@@ -8,7 +8,7 @@ import scopegraph as sg
 from scopegraph import library
 
 
-def rand(rng: np.random.Generator, *shape: int) -> np.ndarray:  # type: ignore[type-arg]
+def rand(rng: np.random.Generator, *shape: int) -> np.ndarray:
     return rng.standard_normal(shape).astype(np.float32)
 
 

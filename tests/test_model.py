@@ -12,7 +12,7 @@ CFG = Config(d=256, n_layers=3)
 REPLAYS = 4
 
 
-def run_graph(device: sg.Device, x0: np.ndarray, order: str) -> np.ndarray:  # type: ignore[type-arg]
+def run_graph(device: sg.Device, x0: np.ndarray, order: str) -> np.ndarray:
     model = LayerStack(device, CFG)
     stream = device.stream()
     graph = model.record_graph(stream, order=order)
@@ -26,7 +26,7 @@ def run_graph(device: sg.Device, x0: np.ndarray, order: str) -> np.ndarray:  # t
     return out
 
 
-def run_eager(device: sg.Device, x0: np.ndarray) -> np.ndarray:  # type: ignore[type-arg]
+def run_eager(device: sg.Device, x0: np.ndarray) -> np.ndarray:
     model = LayerStack(device, CFG)
     stream = device.stream()
     ops = model.ops()

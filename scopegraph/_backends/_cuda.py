@@ -38,7 +38,7 @@ from .._ops import GraphNode, Memcpy, Memset
 from .._tensor import Tensor
 
 if TYPE_CHECKING:
-    from cuda.core import Graph
+    from cuda.core.graph import Graph
     from cuda.core.graph import GraphNode as CoreNode
 
     from .._graph import RecordedNode
@@ -156,7 +156,7 @@ class CudaBackend:
         if isinstance(obj, CoreStream):
             return obj
         with driver_call("wrapping a foreign stream"):
-            return self.core.create_stream(obj)  # type: ignore[arg-type]
+            return self.core.create_stream(obj)
 
     def sync_stream(self, native: object) -> None:
         with driver_call("synchronising a stream"):

@@ -4,12 +4,15 @@ eager and ``torch.cuda.CUDAGraph``."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from .. import library
 from .._device import Device
 from .._graph import CudaGraph
 from ._timing import time_calls
+
+if TYPE_CHECKING:
+    from cuda.core import Stream as CoreStream
 
 SIZES = (1, 10, 100, 1000)
 
@@ -49,7 +52,7 @@ def run(dev: Device, quick: bool) -> dict[str, Any]:
             from cuda.core import launch
 
             core_graph = _core_graph(ops)
-            native = stream.native
+            native = cast("CoreStream", stream.native)
 
             def core_eager() -> None:
                 for op in ops:

@@ -1,0 +1,66 @@
+"""mypy, with the scopegraph plugin, over pass and fail snippet files (the numpy-typing way):
+every ``# E: code`` line must produce exactly that error code, no other line may produce any,
+and the pass files must produce none."""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+api = pytest.importorskip("mypy.api")
+
+ROOT = Path(__file__).resolve().parents[1]
+SNIPPETS = ROOT / "tests" / "typing"
+ERROR = re.compile(r"^(?P<file>[^:]+):(?P<line>\d+): error: (?P<message>.*)  \[(?P<code>[a-z-]+)\]$")
+EXPECT = re.compile(r"#\s*E:\s*(?P<codes>[a-z-]+(?:\s*,\s*[a-z-]+)*)")
+
+
+def run_mypy(files: list[Path]) -> tuple[dict[tuple[str, int], list[str]], str]:
+    out, err, _ = api.run(["--config-file", str(ROOT / "mypy.ini"), "--no-incremental", *map(str, files)])
+    found: dict[tuple[str, int], list[str]] = defaultdict(list)
+    for line in out.splitlines():
+        m = ERROR.match(line)
+        if m:
+            found[(Path(m["file"]).name, int(m["line"]))].append(m["code"])
+    return found, out + err
+
+
+@pytest.fixture(scope="module")
+def fail_results() -> tuple[dict[tuple[str, int], list[str]], str]:
+    return run_mypy(sorted((SNIPPETS / "fail").glob("*.py")))
+
+
+def expected(path: Path) -> dict[tuple[str, int], list[str]]:
+    want: dict[tuple[str, int], list[str]] = {}
+    for number, text in enumerate(path.read_text().splitlines(), start=1):
+        m = EXPECT.search(text)
+        if m:
+            want[(path.name, number)] = [c.strip() for c in m["codes"].split(",")]
+    return want
+
+
+@pytest.mark.parametrize("path", sorted((SNIPPETS / "fail").glob("*.py")), ids=lambda p: p.name)
+def test_fail_snippets(path: Path, fail_results: tuple[dict[tuple[str, int], list[str]], str]) -> None:
+    found, output = fail_results
+    want = expected(path)
+    assert want, f"{path.name} marks no expected errors"
+    got = {key: sorted(codes) for key, codes in found.items() if key[0] == path.name}
+    assert got == {key: sorted(codes) for key, codes in want.items()}, output
+
+
+def test_pass_snippets_and_examples_are_clean() -> None:
+    files = sorted((SNIPPETS / "pass").glob("*.py")) + sorted((ROOT / "examples").glob("*.py"))
+    found, output = run_mypy(files)
+    assert not found, output
+
+
+def test_messages_name_the_kernel_and_the_borrows(fail_results: tuple[dict[tuple[str, int], list[str]], str]) -> None:
+    _, output = fail_results
+    assert 'Argument 1 to "axpy" has incompatible type "Tensor"; expected "Mut[Tensor]"' in output
+    assert "__call__" not in output
+    assert "cannot borrow `self.bufs.norm` as immutable because it is also borrowed as mutable" in output
+    assert "note: mutable borrow of `bufs[0]` occurs here (argument 1)" in output
+    assert "cannot borrow `x` as mutable more than once at a time" in output

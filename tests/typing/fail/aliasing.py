@@ -1,0 +1,54 @@
+from dataclasses import dataclass
+
+import scopegraph as sg
+from scopegraph import CudaGraph, Mut, Tensor, library
+
+dev = sg.device("host")
+stream = dev.stream()
+x = dev.zeros((16,))
+y = dev.zeros((16,))
+bufs = [dev.zeros((16,)) for _ in range(2)]
+
+
+@dataclass
+class Layer:
+    w: Tensor
+    out: Tensor
+
+
+@dataclass
+class Buffers:
+    norm: Tensor
+
+
+layer = Layer(dev.zeros((16,)), dev.zeros((16,)))
+
+
+@sg.kernel("")
+def swap(a: Mut[Tensor], b: Mut[Tensor]) -> None: ...
+
+
+def my_op(out: Mut[Tensor], src: Tensor) -> sg.Memcpy:
+    return sg.memcpy(out, src)
+
+
+class Model:
+    def __init__(self) -> None:
+        self.bufs = Buffers(dev.zeros((16,)))
+
+    def record(self, s: sg.Scope) -> None:
+        s.record(library.add_op(self.bufs.norm.mut(), self.bufs.norm, x))  # E: scopegraph-borrow
+        s.record(library.add[1, 16](self.bufs.norm.mut(), x, self.bufs.norm, 16))  # E: scopegraph-borrow
+
+
+with CudaGraph.scope(stream) as s:
+    s.record(library.add[1, 16](y.mut(), y, x, 16))  # E: scopegraph-borrow
+    s.record(library.axpy[1, 16](layer.w.mut(), layer.w, 1.0, 16))  # E: scopegraph-borrow
+    s.record(library.axpy[1, 16](bufs[0].mut(), bufs[0], 1.0, 16))  # E: scopegraph-borrow
+    s.record(sg.memcpy(x.mut(), x))  # E: scopegraph-borrow
+    s.record(sg.memcpy(sg.mut(y), y))  # E: scopegraph-borrow
+    s.record(swap[1, 1](x.mut(), x.mut()))  # E: scopegraph-borrow
+    s.record(swap[1, 1](bufs[1].mut(), sg.mut(bufs[1])))  # E: scopegraph-borrow
+    s.record(library.rms_norm.generics(128)[1, 128](y.mut(), x, y, 1e-5, 16))  # E: scopegraph-borrow
+    s.record(my_op(x.mut(), x))  # E: scopegraph-borrow
+    s.record(library.matvec[1, 32](y.mut(), x, w=y, n=16, k=16))  # E: scopegraph-borrow
