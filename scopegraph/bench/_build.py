@@ -65,7 +65,7 @@ def _core_define_instantiate(graph: CudaGraph) -> float:
             node.pred = [made[p] for p in pred]
         made.append(node)
     exe = definition.instantiate()
-    exe.upload(cast(CoreStream, graph.stream.native))
+    exe.upload(cast("CoreStream", graph.stream.native))
     elapsed = time.perf_counter() - t0
     exe.close()
     return elapsed
