@@ -22,7 +22,7 @@ import numpy as np
 
 from ._dtypes import DType, as_dtype, dtype_of_annotation
 from ._errors import SignatureError, diagnostic
-from ._ops import GraphNode
+from ._ops import GraphNode, borrowed_tensor
 from ._tensor import Borrow, Mut, Tensor
 
 if TYPE_CHECKING:
@@ -257,20 +257,19 @@ class KernelLaunch(GraphNode):
             if kind == "scalar":
                 values.append(self._scalar(param, arg))
                 continue
-            if kind == "mut":
-                if type(arg) is not Mut:
-                    self._kind_error(param, arg)
+            mutable = kind == "mut"
+            if mutable and type(arg) is Mut:
                 tensor = arg.tensor
-            else:
-                if not isinstance(arg, Tensor):
-                    self._kind_error(param, arg)
+            elif not mutable and isinstance(arg, Tensor):
                 tensor = arg
+            else:
+                tensor = borrowed_tensor(arg, mutable, self.name, param.name, f"declared as {kernel!r}")
             if (param.dtype is not None and tensor.dtype != param.dtype) or (
                 param.rank is not None and len(tensor.shape) != param.rank
             ):
                 self._spec_error(param, tensor)
             values.append(tensor)
-            borrows.append(Borrow(tensor, kind == "mut", param.name))
+            borrows.append(Borrow(tensor, mutable, param.name))
         # Tensors for borrows, numpy scalars of the declared C type for the rest.
         self.args = tuple(values)
         if borrows:
@@ -321,17 +320,6 @@ class KernelLaunch(GraphNode):
                 )
             )
         return dtype.scalar(arg)
-
-    def _kind_error(self, param: KernelParam, arg: object) -> None:
-        if param.kind == "mut" and isinstance(arg, Tensor):
-            head, help = f"`{self.name}` writes `{param.name}`, so it needs a mutable borrow", f"pass `{arg.name}.mut()`"
-        elif param.kind == "shared" and isinstance(arg, Mut):
-            head = f"`{self.name}` only reads `{param.name}`, but it got a mutable borrow"
-            help = f"pass `{arg.tensor.name}` without .mut()"
-        else:
-            expected = "Mut[Tensor]" if param.kind == "mut" else "Tensor"
-            head, help = f"`{self.name}` parameter `{param.name}` expects {expected}, got {type(arg).__name__}", "pass a tensor"
-        raise SignatureError(diagnostic(head, [f"declared as {self.kernel!r}"], help=help))
 
     def _spec_error(self, param: KernelParam, tensor: Tensor) -> None:
         raise SignatureError(

@@ -72,33 +72,25 @@ class GraphNode(Op[None]):
         return self.label()
 
 
-def _expect_mut(value: object, op: str, param: str) -> Tensor:
-    if isinstance(value, Mut):
+def borrowed_tensor(value: object, mutable: bool, op: str, param: str, declared: str = "") -> Tensor:
+    """The tensor an argument borrows, if it borrows the way the parameter is declared
+    (``Mut[Tensor]`` when ``mutable``, else ``Tensor``); SignatureError says how to fix it."""
+    if mutable and type(value) is Mut:
         tensor: Tensor = value.tensor
         return tensor
-    if isinstance(value, Tensor):
-        raise SignatureError(
-            diagnostic(
-                f"`{op}` writes `{param}`, so it needs a mutable borrow",
-                [f"`{param}` got `{value.name}` (a shared borrow)"],
-                help=f"pass `{value.name}.mut()`",
-            )
-        )
-    raise SignatureError(f"`{op}` parameter `{param}` expects Mut[Tensor], got {type(value).__name__}")
-
-
-def _expect_shared(value: object, op: str, param: str) -> Tensor:
-    if isinstance(value, Tensor):
+    if not mutable and isinstance(value, Tensor):
         return value
-    if isinstance(value, Mut):
-        raise SignatureError(
-            diagnostic(
-                f"`{op}` only reads `{param}`, but it got a mutable borrow",
-                [f"`{param}` got `{value.tensor.name}.mut()`"],
-                help=f"pass `{value.tensor.name}` without .mut()",
-            )
-        )
-    raise SignatureError(f"`{op}` parameter `{param}` expects Tensor, got {type(value).__name__}")
+    notes = [declared] if declared else []
+    if mutable and isinstance(value, Tensor):
+        head, help = f"`{op}` writes `{param}`, so it needs a mutable borrow", f"pass `{value.name}.mut()`"
+        notes.insert(0, f"`{param}` got `{value.name}` (a shared borrow)")
+    elif not mutable and isinstance(value, Mut):
+        head, help = f"`{op}` only reads `{param}`, but it got a mutable borrow", f"pass `{value.tensor.name}` without .mut()"
+        notes.insert(0, f"`{param}` got `{value.tensor.name}.mut()`")
+    else:
+        expected = "Mut[Tensor]" if mutable else "Tensor"
+        head, help = f"`{op}` parameter `{param}` expects {expected}, got {type(value).__name__}", "pass a tensor"
+    raise SignatureError(diagnostic(head, notes, help=help))
 
 
 class Memcpy(GraphNode):
@@ -107,8 +99,8 @@ class Memcpy(GraphNode):
     __slots__ = ("dst", "src")
 
     def __init__(self, dst: Mut[Tensor], src: Tensor) -> None:
-        self.dst = _expect_mut(dst, "memcpy", "dst")
-        self.src = _expect_shared(src, "memcpy", "src")
+        self.dst = borrowed_tensor(dst, True, "memcpy", "dst")
+        self.src = borrowed_tensor(src, False, "memcpy", "src")
         if self.dst.nbytes != self.src.nbytes or self.dst.dtype != self.src.dtype:
             raise SignatureError(
                 diagnostic(
@@ -136,7 +128,7 @@ class Memset(GraphNode):
     __slots__ = ("dst", "value", "pattern")
 
     def __init__(self, dst: Mut[Tensor], value: float | int | bool) -> None:
-        self.dst = _expect_mut(dst, "memset", "dst")
+        self.dst = borrowed_tensor(dst, True, "memset", "dst")
         self.value = self.dst.dtype.scalar(value)
         raw = memset_pattern(self.value)
         if raw is None:
