@@ -39,6 +39,7 @@ from ._errors import (
     CompileError,
     CudaError,
     LifetimeError,
+    NoHostReferenceError,
     NotAGraphNodeError,
     ScopeGraphError,
     ScopeStateError,
@@ -50,7 +51,6 @@ from ._ops import AllocationOp, GraphNode, Memcpy, Memset, Op, dup, empty, from_
 from ._scope import Scope
 from ._stream import Stream
 from ._tensor import Mut, Tensor, mut
-from ._backends._host import NoHostReferenceError
 from ._version import __version__
 
 __all__ = [

@@ -29,6 +29,10 @@ class SignatureError(ScopeGraphError):
     """Arguments do not match an op's declaration (count, kind, dtype, rank, device, size)."""
 
 
+class NoHostReferenceError(SignatureError):
+    """A kernel without a ``@k.host`` reference was run or recorded on the host backend."""
+
+
 class ScopeStateError(ScopeGraphError):
     """A scope or a stream is used in a state that does not allow it."""
 

@@ -12,14 +12,12 @@ import itertools
 import weakref
 from collections.abc import Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Self
 
 from ._errors import LifetimeError, NotAGraphNodeError, SignatureError, diagnostic
 from ._ops import GraphNode
 
 if TYPE_CHECKING:
-    from typing_extensions import Self
-
     from ._backends._base import Executable
     from ._scope import Scope
     from ._stream import Stream

@@ -11,13 +11,13 @@ from typing import Any
 
 import numpy as np
 
-from ._device import Device, device
+from ._device import device
 from ._dtypes import as_dtype
 from ._errors import SignatureError, diagnostic
 from ._tensor import Allocation, Tensor
 
 
-def tensor_from_foreign(obj: Any, name: str | None = None, on: Device | None = None) -> Tensor:
+def tensor_from_foreign(obj: Any, name: str | None = None) -> Tensor:
     """A borrowed Tensor over ``obj``'s memory (device memory, or host memory on the host backend)."""
     is_device = hasattr(obj, "__cuda_array_interface__") or (
         hasattr(obj, "__dlpack_device__") and obj.__dlpack_device__()[0] in (2, 3)  # kDLCUDA, kDLCUDAHost
@@ -26,7 +26,7 @@ def tensor_from_foreign(obj: Any, name: str | None = None, on: Device | None = N
         arr = np.from_dlpack(obj) if hasattr(obj, "__dlpack__") else np.asarray(obj)
         if not arr.flags.c_contiguous:
             raise _not_contiguous(name)
-        dev = on or device("host")
+        dev = device("host")
         storage = arr.reshape(-1).view(np.uint8)
         alloc = Allocation(dev, arr.nbytes, storage, name, borrowed=True)
         return Tensor(alloc, 0, arr.shape, as_dtype(arr.dtype))
@@ -41,7 +41,7 @@ def tensor_from_foreign(obj: Any, name: str | None = None, on: Device | None = N
     expected = tuple(int(np.prod(shape[i + 1 :], dtype=np.int64)) for i in range(len(shape)))
     if strides is not None and any(s != e for s, e, d in zip(strides, expected, shape) if d != 1):
         raise _not_contiguous(name)
-    dev = on or device(f"cuda:{view.device_id}")
+    dev = device(f"cuda:{view.device_id}")
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     buf = Buffer.from_handle(view.ptr, max(nbytes, 1), owner=obj)
     alloc = Allocation(dev, nbytes, buf, name, borrowed=True)

@@ -276,7 +276,7 @@ class KernelLaunch(GraphNode):
             self._claim(borrows)
         else:
             self.borrows = borrows
-            self.device = None  # type: ignore[assignment]  # taken from the stream it runs on
+            self.device = None
 
     @property
     def name(self) -> str:

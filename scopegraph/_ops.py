@@ -41,7 +41,8 @@ class GraphNode(Op[None]):
     __slots__ = ("borrows", "device")
 
     borrows: list[Borrow]
-    device: Device
+    # None for an op that touches no tensor (e.g. an argument-less kernel): it runs on any stream's device.
+    device: Device | None
 
     def _claim(self, borrows: list[Borrow]) -> None:
         """Validate this op's borrows (alive, not frozen, no aliasing) and remember its device."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import Self
 
 from ._errors import NotAGraphNodeError, ScopeStateError, diagnostic
 from ._graph import CudaGraph, RecordedNode, release_pins
@@ -18,9 +18,6 @@ from ._ops import AllocationOp, GraphNode
 from ._stream import Stream, check_runnable
 from ._tensor import Allocation
 from ._tracker import make_tracker
-
-if TYPE_CHECKING:
-    from typing_extensions import Self
 
 _OPEN, _NEW, _DONE, _FAILED = "open", "new", "done", "failed"
 

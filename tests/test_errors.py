@@ -62,6 +62,8 @@ def test_recording_dup_or_a_non_op_is_rejected(sg_device: sg.Device, sg_stream: 
     x = sg_device.zeros((4,), name="x")
     fails_in_scope(sg_stream, sg.NotAGraphNodeError, "allocate before the scope", lambda s: s.record(sg.dup(x)))  # type: ignore[arg-type]
     fails_in_scope(sg_stream, TypeError, "takes a GraphNode", lambda s: s.record("memcpy"))  # type: ignore[arg-type]
+    with pytest.raises(sg.NotAGraphNodeError, match=r"stream.run\(\) takes an op"):
+        sg_stream.run("memcpy")  # type: ignore[arg-type]
     assert builds == [1, 1]
     assert not pinned(x)
 
@@ -269,6 +271,17 @@ def test_record_after_the_scope_ended(sg_device: sg.Device, sg_stream: sg.Stream
         with s:
             pass
     s.graph.close()
+    assert_stream_usable(sg_stream)
+
+
+def test_scope_used_before_it_is_entered(sg_device: sg.Device, sg_stream: sg.Stream) -> None:
+    x = sg_device.zeros((4,), name="x")
+    scope = CudaGraph.scope(sg_stream)
+    with pytest.raises(sg.ScopeStateError, match="not open yet"):
+        scope.record(sg.memset(x.mut(), 1.0))
+    with pytest.raises(sg.ScopeStateError, match="has not been entered"):
+        scope.graph
+    assert not pinned(x)
     assert_stream_usable(sg_stream)
 
 

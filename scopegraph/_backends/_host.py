@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .._errors import SignatureError, diagnostic
+from .._errors import NoHostReferenceError, diagnostic
 from .._kernel import KernelLaunch
 from .._ops import GraphNode, Memcpy, Memset
 from .._tensor import Tensor
@@ -23,10 +23,6 @@ if TYPE_CHECKING:
     from .._tensor import Allocation
 
 NDArray = np.ndarray[Any, np.dtype[Any]]
-
-
-class NoHostReferenceError(SignatureError):
-    """A kernel without a ``@k.host`` reference was run or recorded on the host backend."""
 
 
 def _array(tensor: Tensor, writable: bool) -> NDArray:
