@@ -10,6 +10,7 @@
     s.graph.launch()
 """
 
+from . import _interop  # noqa: F401  (registers Tensor.from_dlpack's wrapper)
 from ._device import Device, device
 from ._dtypes import (
     DType,
@@ -36,6 +37,7 @@ from ._dtypes import (
 )
 from ._errors import (
     BorrowError,
+    BoundsError,
     CompileError,
     CudaError,
     LifetimeError,
@@ -45,9 +47,10 @@ from ._errors import (
     ScopeStateError,
     SignatureError,
 )
-from ._graph import CudaGraph, RecordedNode
+from ._graph import CudaGraph
+from ._scope import RecordedNode
 from ._kernel import Kernel, KernelLaunch, TensorSpec, kernel
-from ._ops import AllocationOp, GraphNode, Memcpy, Memset, Op, dup, empty, from_numpy, full, memcpy, memset, zeros
+from ._ops import AllocationOp, GraphNode, Join, Memcpy, Memset, Op, dup, empty, from_numpy, full, memcpy, memset, zeros
 from ._scope import Scope
 from ._stream import Stream
 from ._tensor import Mut, Tensor, mut
@@ -56,6 +59,7 @@ from ._version import __version__
 __all__ = [
     "AllocationOp",
     "BorrowError",
+    "BoundsError",
     "CompileError",
     "CudaError",
     "CudaGraph",
@@ -63,6 +67,7 @@ __all__ = [
     "Device",
     "GraphNode",
     "Kernel",
+    "Join",
     "KernelLaunch",
     "LifetimeError",
     "Memcpy",

@@ -1,33 +1,154 @@
-"""The command line: ``python -m scopegraph demo`` and ``python -m scopegraph bench``."""
+"""The command line: ``python -m scopegraph info | demo | bench`` (also installed as ``scopegraph``).
+
+The commands live in the private package ``scopegraph._cli``; this module only parses arguments.
+A user's mistake (a bad size, an unknown or missing device) ends with one line on stderr and exit
+status 2, never a traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from pathlib import Path
+from typing import NoReturn
+
+from . import Device, ScopeGraphError, __version__, device
+
+DESCRIPTION = "scopegraph: safe, cheap CUDA graphs from Python. Run a command with --help for its options."
+
+EPILOG = """\
+examples:
+  python -m scopegraph info
+  python -m scopegraph demo                      # 22 layers, d=2048 on a GPU; smaller on the host
+  python -m scopegraph demo --device host --d 128 --layers 2 --tokens 8
+  python -m scopegraph bench --quick --only record --device host
+"""
+
+INFO = """\
+Print what scopegraph sees on this machine: its version and where it is installed,
+Python, numpy, cuda.core and cuda.bindings, NVRTC, the CUDA driver, each GPU with its
+architecture, the device sg.device() picks by default and why, and the kernel cache.
+Works without a GPU or driver.
+"""
+
+DEMO = """\
+Record the seed's layer stack (per layer: RMSNorm -> Q matvec -> O matvec -> residual
+add) as one CUDA graph, check a replay against eager execution and a float64 numpy
+reference, then time eager and graph tokens.
+
+default size: on a GPU, the seed's model: 22 layers, d=2048, 512 tokens;
+              on the host backend: 22 layers, d=256, 32 tokens (numpy stands in for the
+              GPU there, so its timings mean nothing; pass --d 2048 for the full size).
+"""
+
+BENCH = """\
+Run the benchmark suites side by side; write DIR/bench.json, a readable DIR/bench.txt
+(also printed) and, with matplotlib, plots. On the host backend only the record-cost
+suites (build, record) mean anything.
+
+suites:
+  launch    launch overhead of N dependent tiny kernels, eager and as graphs
+  model     the seed's model in tokens per second, eager and graph (and PyTorch)
+  build     record and build cost of graphs of 10 to 10,000 ops
+  dataflow  k independent chains replayed in dataflow order against program order
+  record    record cost per op on partial writes (1k, 4k, 16k ops), and small
+            writes after 2000 readers (time and edges added per write)
+"""
+
+SUITES = ("launch", "model", "build", "dataflow", "record")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m scopegraph", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="run the seed's layer stack as a graph and validate it")
-    demo.add_argument("--device", default=None, help='"cuda", "cuda:N" or "host" (default: cuda if present)')
-    demo.add_argument("--tokens", type=int, default=None)
-    demo.add_argument("--d", type=int, default=None, help="model width")
-    demo.add_argument("--layers", type=int, default=None)
-    bench = sub.add_parser("bench", help="run the benchmarks; writes bench.json, bench.txt and plots")
-    bench.add_argument("--out", type=Path, default=Path("bench-out"))
-    bench.add_argument("--quick", action="store_true", help="fewer sizes and repeats")
-    bench.add_argument("--only", action="append", choices=["launch", "model", "build", "dataflow"])
-    bench.add_argument("--device", default=None)
+class Formatter(argparse.RawDescriptionHelpFormatter):
+    """Descriptions as written (pre-wrapped), and commands listed without argparse's extra heading line."""
+
+    def _format_action(self, action: argparse.Action) -> str:
+        if isinstance(action, argparse._SubParsersAction):
+            return "".join(self._format_action(sub) for sub in action._get_subactions())
+        return super()._format_action(action)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with errors on one line: ``prog: error: what (see prog --help)``, exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def build_parser(prog: str) -> Parser:
+    from ._cli.args import device_spec, positive_int
+
+    parser = Parser(prog=prog, description=DESCRIPTION, epilog=EPILOG, formatter_class=Formatter)
+    parser.add_argument("--version", action="version", version=f"scopegraph {__version__}",
+                        help="print scopegraph's version and exit")
+    sub = parser.add_subparsers(dest="command", required=True, title="commands", metavar="COMMAND")
+    device_help = ('where to run: "host" (numpy, no GPU needed), "cuda" or "cuda:N"; default: '
+                   "$SCOPEGRAPH_DEVICE if set, else cuda when a GPU is present, else host")
+
+    info = sub.add_parser("info", help="print versions, driver, GPUs, the default device and the kernel cache",
+                          description=INFO, formatter_class=Formatter)
+
+    demo = sub.add_parser(
+        "demo", help="run the seed's layer stack as one graph, validate it, and time it against eager",
+        description=DEMO, formatter_class=Formatter)
+    demo.add_argument("--device", type=device_spec, default=None, help=device_help)
+    demo.add_argument("--tokens", type=positive_int, default=None, metavar="N",
+                      help="tokens in the timed graph loop (default: 512 on a GPU, 32 on the host)")
+    demo.add_argument("--d", type=positive_int, default=None, metavar="N",
+                      help="model width (default: 2048 on a GPU, 256 on the host)")
+    demo.add_argument("--layers", type=positive_int, default=None, metavar="N",
+                      help="number of layers (default: 22)")
+
+    bench = sub.add_parser(
+        "bench", help="run the benchmarks; writes bench.json, bench.txt and plots",
+        description=BENCH, formatter_class=Formatter)
+    bench.add_argument("--out", type=Path, default=Path("bench-out"), metavar="DIR",
+                       help="directory for bench.json, bench.txt and plots (default: bench-out)")
+    bench.add_argument("--quick", action="store_true", help="fewer sizes and repeats (for a smoke test)")
+    bench.add_argument("--only", action="append", choices=SUITES, metavar="SUITE",
+                       help=f"run only this suite (repeatable): {', '.join(SUITES)}; default: all")
+    bench.add_argument("--device", type=device_spec, default=None, help=device_help)
+    for command in (info, demo, bench):
+        command.set_defaults(parser=command)  # so that a refusal after parsing names the command
+    return parser
+
+
+def _device(parser: Parser, spec: str | None) -> Device:
+    """The requested device, or a one-line refusal (exit 2) when it cannot be had."""
+    try:
+        return device(spec)
+    except ScopeGraphError as exc:
+        where = "argument --device" if spec is not None else f"SCOPEGRAPH_DEVICE={os.environ.get('SCOPEGRAPH_DEVICE')!r}"
+        reason = str(exc).splitlines()[0]
+        root = parser.prog.rsplit(" ", 1)[0]
+        hint = f"; `{root} info` lists the GPUs here, or use --device host" if "cuda" in (spec or reason) else ""
+        parser.error(f"{where}: {reason}{hint}")
+
+
+def _prog() -> str:
+    name = Path(sys.argv[0]).name
+    return name if name == "scopegraph" else "python -m scopegraph"
+
+
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    parser = build_parser(prog or _prog())
     args = parser.parse_args(argv)
-    if args.command == "demo":
-        from .demo import main as demo_main
+    try:
+        if args.command == "info":
+            from ._cli.info import main as info_main
 
-        return demo_main(args.device, args.tokens, args.d, args.layers)
-    from .bench import run
+            return info_main()
+        if args.command == "demo":
+            from ._cli.demo import main as demo_main
 
-    run(args.out, args.quick, args.only, args.device)
-    return 0
+            return demo_main(_device(args.parser, args.device), args.tokens, args.d, args.layers)
+        from ._cli.bench import run
+
+        run(args.out, _device(args.parser, args.device), args.quick, args.only)
+        return 0
+    except KeyboardInterrupt:
+        print(f"{parser.prog}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

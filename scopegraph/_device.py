@@ -13,15 +13,18 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ._allocation import Allocation, MemoryMap
 from ._driver import cuda_device_count
 from ._dtypes import DTypeLike, as_dtype, float32
 from ._errors import CudaError, SignatureError
+from . import _stream
+from ._lifetime import track
 from ._ops import _shape
-from ._tensor import Allocation, Tensor
+from ._stream import Stream
+from ._tensor import Tensor
 
 if TYPE_CHECKING:
     from ._backends._base import Backend
-    from ._stream import Stream
 
 
 class Device:
@@ -34,6 +37,8 @@ class Device:
         self.is_cuda = kind == "cuda"
         self.is_host = kind == "host"
         self._setup_stream: Stream | None = None
+        # Live allocations by address: memory identity (see _allocation).
+        self.memory = MemoryMap()
 
     def __repr__(self) -> str:
         return f"sg.device({str(self)!r})"
@@ -43,8 +48,6 @@ class Device:
 
     def stream(self) -> Stream:
         """A new stream on this device."""
-        from ._stream import Stream
-
         return Stream(self, self.backend.create_stream())
 
     def sync(self) -> None:
@@ -64,8 +67,15 @@ class Device:
         """A new, uninitialised tensor."""
         dims, dt = _shape(shape), as_dtype(dtype)
         nbytes = int(np.prod(dims, dtype=np.int64)) * dt.itemsize
-        alloc = Allocation(self, nbytes, self.backend.allocate(nbytes), name)
-        return Tensor(alloc, 0, dims, dt)
+        storage, address = self.backend.allocate(nbytes)
+        return Tensor(self.adopt(storage, address, nbytes, name, borrowed=False), 0, dims, dt)
+
+    def adopt(self, storage: object, address: int, nbytes: int, name: str | None, borrowed: bool) -> Allocation:
+        """An Allocation for memory at ``address`` (owned, or borrowed from another library),
+        registered by address and released by the lifetime rules."""
+        alloc = Allocation(self, nbytes, storage, address, name, borrowed)
+        track(alloc, self.memory)
+        return alloc
 
     def zeros(self, shape: int | tuple[int, ...] | list[int], dtype: DTypeLike = float32, name: str | None = None) -> Tensor:
         """A new tensor of zeros."""
@@ -80,7 +90,15 @@ class Device:
         return self._run_setup(full(shape, value, dtype, name))
 
     def from_numpy(self, array: np.ndarray[Any, Any], name: str | None = None, stream: Stream | None = None) -> Tensor:
-        """A new tensor holding a copy of ``array``."""
+        """A new tensor holding a copy of ``array`` (copied on ``stream`` if given, and complete
+        when this returns)."""
+        if stream is not None and stream.recording is not None:
+            stream.check_not_recording("copy an array to the device (dev.from_numpy)")
+        if not isinstance(array, np.ndarray):
+            raise SignatureError(
+                f"dev.from_numpy() takes a numpy array, not {type(array).__name__}\n"
+                "help: convert with numpy.asarray(...) first, or wrap a GPU array with sg.Tensor.from_dlpack"
+            )
         arr = np.ascontiguousarray(array)
         tensor = self.empty(arr.shape, arr.dtype, name)
         self.backend.write(tensor, arr, stream)
@@ -137,3 +155,6 @@ def _make_device(key: str, spec: str) -> Device:
     from ._backends._cuda import CudaBackend
 
     return Device("cuda", index, CudaBackend(index))
+
+
+_stream.device_lookup = device

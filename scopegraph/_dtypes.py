@@ -30,8 +30,45 @@ class DType:
     def is_float(self) -> bool:
         return self.numpy.kind == "f"
 
-    def scalar(self, value: object) -> np.generic:
-        """``value`` as a numpy scalar of this type (cuda.core passes plain ints as pointers)."""
+    def scalar(self, value: object, what: str = "the value") -> np.generic:
+        """``value`` as a numpy scalar of this type (cuda.core passes plain ints as pointers).
+
+        Exactness is checked, never left to numpy: an integer type takes integers (or floats with
+        an integral value) in its range, a float type takes any real number that does not
+        overflow it (rounding to the nearest representable value is accepted; 0.1 has no exact
+        binary form in any float type), ``bool`` takes only bools. Anything else is a
+        SignatureError naming ``what``."""
+        kind = self.numpy.kind
+        problem = ""
+        if kind == "b":
+            if not isinstance(value, (bool, np.bool_)):
+                problem = "sg.bool takes True or False"
+        elif not isinstance(value, (int, float, np.integer, np.floating, np.bool_)) or isinstance(value, (bool, np.bool_)):
+            problem = f"sg.{self.name} takes {'a number' if kind == 'f' else 'an integer'}, not {type(value).__name__}"
+        elif kind in "iu":
+            if isinstance(value, (float, np.floating)) and not float(value).is_integer():
+                problem = f"sg.{self.name} holds integers only"
+            else:
+                info = np.iinfo(self.numpy)
+                as_int = int(value)
+                if not info.min <= as_int <= info.max:
+                    problem = f"sg.{self.name} holds {info.min}..{info.max}"
+        else:
+            try:
+                converted = float(value)
+            except OverflowError:
+                converted = float("inf")
+            with np.errstate(over="ignore"):
+                result = self.numpy.type(converted)
+            if np.isinf(result) and not np.isinf(converted):
+                problem = f"it overflows sg.{self.name} (largest {np.finfo(self.numpy).max})"
+            else:
+                return result  # type: ignore[no-any-return]
+        if problem:
+            raise SignatureError(
+                f"{what} is {value!r}, which sg.{self.name} cannot hold exactly: {problem}\n"
+                f"help: pass a value of the declared type, or declare a wider type than sg.{self.name}"
+            )
         return self.numpy.type(value)  # type: ignore[no-any-return]
 
     def __repr__(self) -> str:

@@ -33,6 +33,11 @@ class NoHostReferenceError(SignatureError):
     """A kernel without a ``@k.host`` reference was run or recorded on the host backend."""
 
 
+class BoundsError(SignatureError, IndexError):
+    """An index or an access is outside a tensor: a row index, or a host reference that reads or
+    writes past the view it was given (which on a GPU would be an illegal address)."""
+
+
 class ScopeStateError(ScopeGraphError):
     """A scope or a stream is used in a state that does not allow it."""
 
@@ -52,15 +57,40 @@ class CompileError(ScopeGraphError):
         )
 
 
+# Errors after which the CUDA context is unusable: every later call in the process fails.
+STICKY_RESULTS = frozenset(
+    {
+        "CUDA_ERROR_ILLEGAL_ADDRESS",
+        "CUDA_ERROR_ILLEGAL_INSTRUCTION",
+        "CUDA_ERROR_MISALIGNED_ADDRESS",
+        "CUDA_ERROR_INVALID_ADDRESS_SPACE",
+        "CUDA_ERROR_INVALID_PC",
+        "CUDA_ERROR_HARDWARE_STACK_ERROR",
+        "CUDA_ERROR_LAUNCH_FAILED",
+        "CUDA_ERROR_ASSERT",
+        "CUDA_ERROR_TRAP",
+        "CUDA_ERROR_CONTEXT_IS_DESTROYED",
+    }
+)
+
+
 class CudaError(ScopeGraphError):
-    """A driver call failed. ``result`` is the CUresult name, ``operation`` what was being done."""
+    """A driver call failed. ``result`` is the CUresult name, ``operation`` what was being done;
+    ``context_lost`` is true after a sticky fault (the process must restart to use the GPU)."""
 
     def __init__(self, operation: str, result: str, detail: str = "") -> None:
         self.operation = operation
         self.result = result
-        super().__init__(
-            f"{operation} failed: {result}" + (f"\n{detail.strip()}" if detail.strip() else "")
-        )
+        self.context_lost = result in STICKY_RESULTS
+        lines = [f"{operation} failed: {result}"]
+        if detail.strip():
+            lines.append(detail.strip())
+        if self.context_lost:
+            lines.append(
+                "the CUDA context is lost: a kernel faulted, and every later CUDA call in this process fails\n"
+                "help: restart the process; run the failing kernel under compute-sanitizer to find the bad access"
+            )
+        super().__init__("\n".join(lines))
 
 
 def diagnostic(headline: str, notes: Iterable[str] = (), help: str = "") -> str:

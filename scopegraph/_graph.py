@@ -1,72 +1,52 @@
 """The executable graph a scope produces.
 
-A CudaGraph owns its backend executable and pins every allocation its nodes touch: the
-tensors stay alive while the graph does (it holds the ops, which hold the tensors), and
-``free()`` on any of them raises LifetimeError until ``close()`` (or garbage collection)
-releases the pins.
+A CudaGraph owns its backend executable and the scope's :class:`~scopegraph._lifetime.Pin` on
+every allocation its nodes touch: the tensors stay alive while the graph does (it holds the ops,
+which hold the tensors), ``free()`` on any of them raises LifetimeError until ``close()`` (or
+garbage collection) releases the pin, and the memory itself is released only after the last
+replay has finished on the GPU.
+
+Thread safety: one graph may be launched, updated and closed from several threads; each call
+takes the graph's lock, so replays of one graph never overlap and ordering across streams holds.
 """
 
 from __future__ import annotations
 
 import itertools
+import threading
 import weakref
-from collections.abc import Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Self
 
 from ._errors import LifetimeError, NotAGraphNodeError, SignatureError, diagnostic
+from ._lifetime import Pin, order_replay
 from ._ops import GraphNode
+
+from ._scope import RecordedNode, Scope, caller
+from ._stream import Stream
 
 if TYPE_CHECKING:
     from ._backends._base import Executable
-    from ._scope import Scope
-    from ._stream import Stream
-    from ._tensor import Allocation
 
 _graph_ids = itertools.count(1)
-
-
-class RecordedNode:
-    """A handle naming one recorded op: its index, the op, its predecessors and where it was recorded."""
-
-    __slots__ = ("index", "op", "deps", "_where")
-
-    def __init__(self, index: int, op: GraphNode, deps: frozenset[int], where: tuple[str, int]) -> None:
-        self.index = index
-        self.op = op
-        self.deps = deps
-        self._where = where  # (file, line), formatted only when asked: record is a hot path
-
-    @property
-    def location(self) -> str:
-        """``file:line`` of the ``s.record`` call."""
-        return f"{self._where[0]}:{self._where[1]}"
-
-    def __repr__(self) -> str:
-        deps = ", ".join(map(str, sorted(self.deps)))
-        return f"<node {self.index}: {self.op.label()} after [{deps}]>"
-
-
-def release_pins(allocs: Sequence[Allocation], holder: int) -> None:
-    for alloc in allocs:
-        alloc.pins.pop(holder, None)
 
 
 class CudaGraph:
     """An instantiated graph: ``launch()`` replays every recorded op with one driver call."""
 
-    def __init__(
-        self, executable: Executable, nodes: tuple[RecordedNode, ...], stream: Stream, pins: list[Allocation], order: str
-    ) -> None:
+    def __init__(self, executable: Executable, nodes: tuple[RecordedNode, ...], stream: Stream, pin: Pin, order: str) -> None:
         self.id = next(_graph_ids)
         self._exec: Executable | None = executable
         self._nodes = nodes
         self._stream = stream
         self.order = order
-        for alloc in pins:
-            alloc.pins[id(self)] = f"graph #{self.id} ({len(nodes)} nodes, built on stream #{stream.id})"
-        # Pins go when the graph does, even if the user never calls close().
-        self._unpin = weakref.finalize(self, release_pins, pins, id(self))
+        pin.description = f"graph #{self.id} ({len(nodes)} nodes, built on stream #{stream.id})"
+        self._pin = pin
+        # Host streams run work synchronously: only a device with streams needs replay ordering.
+        self._ordered = stream.device.is_cuda
+        self._lock = threading.Lock()
+        # The pin goes when the graph does, even if the user never calls close().
+        self._unpin = weakref.finalize(self, _close, executable, pin)
 
     @classmethod
     def scope(cls, stream: Stream, order: str = "dataflow") -> Scope:
@@ -75,9 +55,7 @@ class CudaGraph:
         ``order="dataflow"`` (default) orders ops by the data they share, so independent work
         becomes parallel branches; ``order="program"`` chains every op in record order.
         """
-        from ._scope import Scope, _caller
-
-        return Scope(stream, order, _caller(1))
+        return Scope(stream, cls, order, caller(1))
 
     # -- replay -----------------------------------------------------------------------------
 
@@ -88,6 +66,11 @@ class CudaGraph:
             raise self._closed_error("launch")
         if stream is None:
             stream = self._stream
+        elif not isinstance(stream, Stream):
+            raise SignatureError(
+                f"graph.launch(stream=) takes a scopegraph Stream, not {type(stream).__name__}\n"
+                "help: pass dev.stream(), or sg.Stream.from_handle(obj) for another library's stream"
+            )
         elif stream.device is not self._stream.device:
             raise SignatureError(
                 f"graph #{self.id} lives on {self._stream.device}; stream #{stream.id} is on {stream.device}\n"
@@ -95,10 +78,15 @@ class CudaGraph:
             )
         if stream.recording is not None:
             stream.check_not_recording(f"launch graph #{self.id}")
-        exe.launch(stream)
+        with self._lock:
+            if self._ordered:
+                order_replay(self._pin, stream.native, stream.device.backend)
+            stream.last_work = f"graph #{self.id}"
+            exe.launch(stream)
 
     def update(self, op: GraphNode) -> None:
-        """Run ``op`` on the graph's stream now, so it lands before the next replay (e.g. new inputs)."""
+        """Run ``op`` on the graph's stream now, ordered after earlier replays (on any stream) and
+        before the next one, wherever it is launched: e.g. new inputs."""
         if self._exec is None:
             raise self._closed_error("update")
         if not isinstance(op, GraphNode):
@@ -106,7 +94,14 @@ class CudaGraph:
                 f"graph.update() takes a GraphNode (sg.memcpy, sg.memset, a kernel launch), not {type(op).__name__}\n"
                 "help: e.g. graph.update(sg.memcpy(input.mut(), new_input))"
             )
-        self._stream.run(op)
+        stream = self._stream
+        if stream.recording is not None:
+            stream.check_not_recording(f"update graph #{self.id}")
+        with self._lock:
+            last = self._pin.last_stream
+            if self._ordered and last is not None and last is not stream.native:
+                stream.device.backend.wait_stream(stream.native, last)
+            stream.run(op)
 
     def sync(self) -> None:
         """Wait for every replay submitted so far on the graph's stream."""
@@ -115,12 +110,13 @@ class CudaGraph:
         self._stream.sync()
 
     def close(self) -> None:
-        """Destroy the executable graph and release the pins on its tensors. Idempotent."""
-        exe, self._exec = self._exec, None
-        if exe is not None:
-            exe.close()
-            self._unpin()
-            self._nodes = ()
+        """Destroy the executable graph and release the pins on its tensors. Idempotent, and safe
+        while a replay still runs: the memory is released after it (see ``_lifetime``)."""
+        with self._lock:
+            exe, self._exec = self._exec, None
+            if exe is not None:
+                self._unpin()
+                self._nodes = ()
 
     @property
     def closed(self) -> bool:
@@ -190,6 +186,11 @@ class CudaGraph:
         if include_driver and driver_dot is not None:
             dot += driver_dot()
         return dot
+
+
+def _close(executable: Executable, pin: Pin) -> None:
+    executable.close()  # an in-flight replay completes; the driver frees the executable after it
+    pin.release()
 
 
 def _shared_tensors(before: GraphNode, after: GraphNode) -> str:

@@ -2,39 +2,78 @@
 
 cuda.core's ``StridedMemoryView`` reads DLPack and ``__cuda_array_interface__`` for device
 memory; numpy's ``from_dlpack``/``asarray`` serve the host backend. The result is *borrowed*:
-scopegraph keeps the foreign object alive but never frees its memory.
+scopegraph keeps the foreign object alive (until the GPU work that used it has finished) but never
+frees its memory. Wrappers of the same memory are one allocation to the ownership rules, because
+those rules work on device addresses (``_allocation``).
+
+Streams are exchanged both ways: importing passes a consumer stream to the producer (DLPack's
+``stream=``, or the ``stream`` field of ``__cuda_array_interface__``) so its pending writes are
+visible; exporting (``Tensor.__dlpack__``, ``__cuda_array_interface__``) makes the consumer's
+stream wait for the work queued on the tensor's memory.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from . import _tensor
 from ._device import device
 from ._dtypes import as_dtype
-from ._errors import SignatureError, diagnostic
-from ._tensor import Allocation, Tensor
+from ._errors import ScopeGraphError, SignatureError, diagnostic
+from ._tensor import Tensor
+
+if TYPE_CHECKING:
+    from ._stream import Stream
 
 
-def tensor_from_foreign(obj: Any, name: str | None = None) -> Tensor:
+def tensor_from_foreign(obj: Any, name: str | None = None, stream: Stream | None = None) -> Tensor:
     """A borrowed Tensor over ``obj``'s memory (device memory, or host memory on the host backend)."""
-    is_device = hasattr(obj, "__cuda_array_interface__") or (
-        hasattr(obj, "__dlpack_device__") and obj.__dlpack_device__()[0] in (2, 3)  # kDLCUDA, kDLCUDAHost
-    )
-    if not is_device:
-        arr = np.from_dlpack(obj) if hasattr(obj, "__dlpack__") else np.asarray(obj)
-        if not arr.flags.c_contiguous:
-            raise _not_contiguous(name)
-        dev = device("host")
-        storage = arr.reshape(-1).view(np.uint8)
-        alloc = Allocation(dev, arr.nbytes, storage, name, borrowed=True)
-        return Tensor(alloc, 0, arr.shape, as_dtype(arr.dtype))
+    try:
+        is_device = hasattr(obj, "__cuda_array_interface__") or (
+            hasattr(obj, "__dlpack_device__") and obj.__dlpack_device__()[0] in (2, 3)  # kDLCUDA, kDLCUDAHost
+        )
+        if not is_device:
+            return _wrap_host(obj, name)
+        return _wrap_device(obj, name, stream)
+    except ScopeGraphError:
+        raise
+    except (TypeError, ValueError, AttributeError, BufferError, RuntimeError) as exc:  # the producer refused
+        raise SignatureError(
+            diagnostic(
+                f"cannot wrap {type(obj).__name__} as a scopegraph tensor: {exc}",
+                help="pass an object that supports DLPack or __cuda_array_interface__ (a torch, CuPy or numpy array)",
+            )
+        ) from exc
 
+
+def _wrap_host(obj: Any, name: str | None) -> Tensor:
+    arr = np.from_dlpack(obj) if hasattr(obj, "__dlpack__") else np.asarray(obj)
+    if not arr.flags.c_contiguous:
+        raise _not_contiguous(name)
+    dev = device("host")
+    storage = arr.reshape(-1).view(np.uint8)
+    alloc = dev.adopt(storage, int(arr.ctypes.data), arr.nbytes, name, borrowed=True)
+    return Tensor(alloc, 0, arr.shape, as_dtype(arr.dtype))
+
+
+def _wrap_device(obj: Any, name: str | None, stream: Stream | None) -> Tensor:
     from cuda.core import Buffer
     from cuda.core.utils import StridedMemoryView
 
-    view = StridedMemoryView.from_any_interface(obj, stream_ptr=-1)
+    if stream is not None and not stream.device.is_cuda:
+        raise SignatureError(f"cannot import GPU memory on {stream}\nhelp: pass a stream of a CUDA device, or none")
+    # Where the producer must make its writes visible: the given stream, or the memory stream of
+    # the array's device, which is then waited for so the wrapper is ready on every stream.
+    consumer = stream
+    if consumer is None:
+        dlpack_device = obj.__dlpack_device__() if hasattr(obj, "__dlpack_device__") else None
+        index = dlpack_device[1] if dlpack_device is not None else _cai_device(obj)
+        consumer = device(f"cuda:{index}").setup_stream
+    view = StridedMemoryView.from_any_interface(obj, stream_ptr=int(consumer.native.handle))  # type: ignore[attr-defined]
+    if stream is None:
+        consumer.sync()
     dtype = as_dtype(view.dtype)
     shape = tuple(view.shape)
     strides = view.strides
@@ -44,8 +83,18 @@ def tensor_from_foreign(obj: Any, name: str | None = None) -> Tensor:
     dev = device(f"cuda:{view.device_id}")
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     buf = Buffer.from_handle(view.ptr, max(nbytes, 1), owner=obj)
-    alloc = Allocation(dev, nbytes, buf, name, borrowed=True)
+    alloc = dev.adopt(buf, int(view.ptr), nbytes, name, borrowed=True)
     return Tensor(alloc, 0, shape, dtype)
+
+
+def _cai_device(obj: Any) -> int:
+    """The device of a ``__cuda_array_interface__`` pointer (the interface does not say)."""
+    from cuda.bindings import driver
+
+    # cuda.bindings: cuda.core has no pointer-attribute query.
+    ptr = obj.__cuda_array_interface__["data"][0]
+    err, ordinal = driver.cuPointerGetAttribute(driver.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr)
+    return int(ordinal) if err == driver.CUresult.CUDA_SUCCESS else 0
 
 
 def _not_contiguous(name: str | None) -> SignatureError:
@@ -55,3 +104,6 @@ def _not_contiguous(name: str | None) -> SignatureError:
             help="make it contiguous first (e.g. torch's .contiguous() or numpy.ascontiguousarray)",
         )
     )
+
+
+_tensor.foreign_wrapper = tensor_from_foreign

@@ -13,6 +13,7 @@ and typed scalars for cuda.core's ``launch``) and the host backend (numpy views 
 
 from __future__ import annotations
 
+import ast
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -23,7 +24,8 @@ import numpy as np
 from ._dtypes import DType, as_dtype, dtype_of_annotation
 from ._errors import SignatureError, diagnostic
 from ._ops import GraphNode, borrowed_tensor
-from ._tensor import Borrow, Mut, Tensor
+from ._borrow import Borrow
+from ._tensor import Mut, Tensor
 
 if TYPE_CHECKING:
     from ._stream import Stream
@@ -91,7 +93,10 @@ def _parse_signature(fn: Callable[..., None], kernel_name: str) -> tuple[KernelP
     try:
         hints = get_type_hints(fn, include_extras=True)
     except NameError as exc:
-        raise SignatureError(f"cannot resolve the annotations of kernel `{kernel_name}`: {exc}") from exc
+        raise SignatureError(
+            f"cannot resolve the annotations of kernel `{kernel_name}`: {exc}\n"
+            "help: import every name the annotations use at module level (sg.f32, Tensor, Mut, ...)"
+        ) from exc
     params = []
     for p in inspect.signature(fn).parameters.values():
         if p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
@@ -105,15 +110,92 @@ def _parse_signature(fn: Callable[..., None], kernel_name: str) -> tuple[KernelP
     return tuple(params)
 
 
-def _dim3(value: Dim, what: str, kernel_name: str) -> tuple[int, int, int]:
-    dims = (value,) if isinstance(value, (int, np.integer)) else tuple(value)
-    if not 1 <= len(dims) <= 3 or any(not isinstance(d, (int, np.integer)) or d < 1 for d in dims):
+# What every CUDA GPU accepts (compute capability 5.0 and later); checked on every backend so a
+# launch that the host backend runs is one a GPU runs too.
+MAX_BLOCK = (1024, 1024, 64)
+MAX_THREADS_PER_BLOCK = 1024
+MAX_GRID = (2**31 - 1, 65535, 65535)
+MAX_DYNAMIC_SHARED_BYTES = 48 * 1024
+_AXES = "xyz"
+
+
+def _dim3(value: object, what: str, kernel_name: str) -> tuple[int, int, int]:
+    dims = value if isinstance(value, tuple) else (value,)
+    if not 1 <= len(dims) <= 3 or any(isinstance(d, (bool, np.bool_)) or not isinstance(d, (int, np.integer)) or d < 1 for d in dims):
         raise SignatureError(
             f"`{kernel_name}` {what} {value!r} is not 1 to 3 positive integers\n"
             f"help: launch as {kernel_name}[grid, block](...) with e.g. grid=(64,) and block=(256,)"
         )
     padded = tuple(int(d) for d in dims) + (1,) * (3 - len(dims))
+    limits = MAX_GRID if what == "grid" else MAX_BLOCK
+    for axis, d, limit in zip(_AXES, padded, limits):
+        if d > limit:
+            raise SignatureError(
+                f"`{kernel_name}` {what} {value!r}: {what}.{axis} = {d} exceeds the CUDA limit of {limit}\n"
+                f"help: keep {what}.{axis} <= {limit}"
+                + ("; spread the work over more blocks instead" if what == "block" else "; put the extra work in x, or loop in the kernel")
+            )
+    if what == "block" and padded[0] * padded[1] * padded[2] > MAX_THREADS_PER_BLOCK:
+        raise SignatureError(
+            f"`{kernel_name}` block {value!r} has {padded[0] * padded[1] * padded[2]} threads; "
+            f"a block holds at most {MAX_THREADS_PER_BLOCK}\nhelp: use smaller blocks and more of them"
+        )
     return padded  # type: ignore[return-value]
+
+
+def _shared_bytes(value: object, kernel_name: str) -> int:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or not 0 <= value <= MAX_DYNAMIC_SHARED_BYTES:
+        raise SignatureError(
+            f"`{kernel_name}` dynamic shared memory {value!r} is not 0..{MAX_DYNAMIC_SHARED_BYTES} bytes\n"
+            f"help: launch as {kernel_name}[grid, block, shared_bytes] with at most 48 KiB"
+        )
+    return int(value)
+
+
+# Names a `touches` expression may use besides the kernel's scalar parameters.
+LAUNCH_NAMES = ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z")
+_ALLOWED_NODES = (ast.Expression, ast.BinOp, ast.Name, ast.Load, ast.Constant, ast.Add, ast.Sub, ast.Mult, ast.FloorDiv)
+
+
+@dataclass(frozen=True, slots=True)
+class Touch:
+    """How many elements a launch touches in one tensor parameter: ``expression`` over the scalar
+    parameters and the launch's grid and block sizes (``touches={"w": "n * k"}``)."""
+
+    param: int
+    name: str
+    expression: str
+    count: Callable[..., int]
+
+
+def _parse_touches(touches: Mapping[str, str], params: tuple[KernelParam, ...], kernel_name: str) -> tuple[Touch, ...]:
+    tensor_params = {p.name: i for i, p in enumerate(params) if p.kind != "scalar"}
+    scalars = [p.name for p in params if p.kind == "scalar"]
+    found = []
+    for name, expression in touches.items():
+        help = (
+            f'map a tensor parameter ({", ".join(tensor_params) or "none declared"}) to an expression of '
+            f'{", ".join(scalars + list(LAUNCH_NAMES))} with + - * //, e.g. touches={{"out": "n"}}'
+        )
+        if name not in tensor_params:
+            raise SignatureError(f"kernel `{kernel_name}`: touches names `{name}`, which is not a tensor parameter\nhelp: {help}")
+        try:
+            tree = ast.parse(str(expression), mode="eval")
+        except SyntaxError:
+            raise SignatureError(f"kernel `{kernel_name}`: touches[{name!r}] = {expression!r} is not an expression\nhelp: {help}") from None
+        for node in ast.walk(tree):
+            bad = (
+                not isinstance(node, _ALLOWED_NODES)
+                or (isinstance(node, ast.Name) and node.id not in scalars and node.id not in LAUNCH_NAMES)
+                or (isinstance(node, ast.Constant) and (type(node.value) is not int))
+            )
+            if bad:
+                what = f"`{node.id}`" if isinstance(node, ast.Name) else f"`{ast.unparse(node)}`" if isinstance(node, ast.expr) else type(node).__name__
+                raise SignatureError(f"kernel `{kernel_name}`: touches[{name!r}] = {expression!r} uses {what}\nhelp: {help}")
+        # Only names, int constants and + - * // remain: evaluating it runs no other code.
+        count = eval(f"lambda {', '.join(scalars + list(LAUNCH_NAMES))}: {ast.unparse(tree)}", {"__builtins__": {}})
+        found.append(Touch(tensor_params[name], name, str(expression), count))
+    return tuple(found)
 
 
 class Kernel(Generic[P]):
@@ -128,6 +210,7 @@ class Kernel(Generic[P]):
         template_args: tuple[str, ...] = (),
         host_fn: Callable[..., None] | None = None,
         params: tuple[KernelParam, ...] | None = None,
+        touches: Mapping[str, str] | tuple[Touch, ...] = (),
     ) -> None:
         self.__wrapped__ = fn
         self.__name__ = fn.__name__
@@ -138,6 +221,8 @@ class Kernel(Generic[P]):
         self.template_args = template_args
         self.host_fn = host_fn
         self.params = params if params is not None else _parse_signature(fn, cpp_name)
+        # How many elements each launch touches per tensor parameter, checked when a launch is built.
+        self.touches = touches if isinstance(touches, tuple) else _parse_touches(touches, self.params, cpp_name)
         # Instantiations made by generics(), so each one compiles (and is cached) once.
         self._instances: dict[tuple[str, ...], Kernel[P]] = {}
         # Compiled per device by the CUDA backend: device key -> cuda.core Kernel.
@@ -166,7 +251,9 @@ class Kernel(Generic[P]):
         key = tuple(_template_arg(a) for a in args)
         inst = self._instances.get(key)
         if inst is None:
-            inst = Kernel(self.__wrapped__, self.source, self.cpp_name, self.options, key, self.host_fn, self.params)
+            inst = Kernel(
+                self.__wrapped__, self.source, self.cpp_name, self.options, key, self.host_fn, self.params, self.touches
+            )
             self._instances[key] = inst
         return inst
 
@@ -177,7 +264,7 @@ class Kernel(Generic[P]):
             )
         grid = _dim3(launch[0], "grid", self.cpp_name)
         block = _dim3(launch[1], "block", self.cpp_name)
-        return Launcher(self, grid, block, int(launch[2]) if len(launch) == 3 else 0)
+        return Launcher(self, grid, block, _shared_bytes(launch[2], self.cpp_name) if len(launch) == 3 else 0)
 
 
 class Launcher(Generic[P]):
@@ -213,16 +300,25 @@ def _template_arg(arg: object) -> str:
 
 
 def kernel(
-    source: str, *, name: str | None = None, options: Mapping[str, object] | None = None
+    source: str,
+    *,
+    name: str | None = None,
+    options: Mapping[str, object] | None = None,
+    touches: Mapping[str, str] | None = None,
 ) -> Callable[[Callable[P, None]], Kernel[P]]:
     """Declare a CUDA C++ kernel. The C++ name defaults to the Python function's name.
 
     ``options`` are cuda.core ``ProgramOptions`` fields (e.g. ``{"use_fast_math": True}``);
     the architecture is always the device's own.
+
+    ``touches`` declares how much of each tensor a launch may touch, as an expression of the
+    scalar parameters and ``grid_x``..``block_z``: ``touches={"out": "n", "w": "n * k"}``. Every
+    launch is then checked (a launch that would reach past a tensor is a SignatureError), which
+    is what keeps "disjoint views never conflict" true for a kernel that takes a size argument.
     """
 
     def wrap(fn: Callable[P, None]) -> Kernel[P]:
-        return Kernel(fn, source, name or fn.__name__, tuple(sorted((options or {}).items())))
+        return Kernel(fn, source, name or fn.__name__, tuple(sorted((options or {}).items())), touches=touches or {})
 
     return wrap
 
@@ -272,6 +368,8 @@ class KernelLaunch(GraphNode):
             borrows.append(Borrow(tensor, mutable, param.name))
         # Tensors for borrows, numpy scalars of the declared C type for the rest.
         self.args = tuple(values)
+        if kernel.touches:
+            self._check_touches()
         if borrows:
             self._claim(borrows)
         else:
@@ -281,9 +379,6 @@ class KernelLaunch(GraphNode):
     @property
     def name(self) -> str:
         return self.kernel.name_expression
-
-    def execute(self, stream: Stream) -> None:
-        stream.device.backend.run_kernel(self, stream)
 
     def _bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
         names = [p.name for p in self.kernel.params]
@@ -319,7 +414,26 @@ class KernelLaunch(GraphNode):
                     help=f"pass a {'float' if dtype.is_float else 'int'} for `{param.name}`",
                 )
             )
-        return dtype.scalar(arg)
+        return dtype.scalar(arg, f"`{self.name}` argument `{param.name}`")
+
+    def _check_touches(self) -> None:
+        scalars = [a for a in self.args if not isinstance(a, Tensor)]
+        for touch in self.kernel.touches:
+            tensor = self.args[touch.param]
+            need = int(touch.count(*scalars, *self.grid, *self.block))
+            if not 0 <= need <= tensor.size:
+                raise SignatureError(
+                    diagnostic(
+                        f"`{self.name}` would touch {need} elements of `{touch.name}`, "
+                        f"but `{tensor.name}` has {tensor.size}",
+                        [
+                            f"declared: `{touch.name}` touches {touch.expression} elements",
+                            f"launched as {self.name}[{self.grid}, {self.block}] with "
+                            + ", ".join(f"{p.name}={a}" for p, a in zip(self.kernel.params, self.args) if p.kind == "scalar"),
+                        ],
+                        help=f"pass a size that fits `{tensor.name}` ({tensor.size} elements), or a larger tensor",
+                    )
+                )
 
     def _spec_error(self, param: KernelParam, tensor: Tensor) -> None:
         raise SignatureError(

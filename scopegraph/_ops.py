@@ -7,13 +7,15 @@ eagerly (``stream.run(op)`` returns the new Tensor), since their addresses would
 
 from __future__ import annotations
 
+import operator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import numpy as np
 
 from ._dtypes import DType, DTypeLike, as_dtype, float32
 from ._errors import SignatureError, diagnostic
-from ._tensor import Borrow, Mut, Tensor, check_borrows
+from ._borrow import Borrow, check_borrows
+from ._tensor import Mut, Tensor
 
 if TYPE_CHECKING:
     from ._device import Device
@@ -45,8 +47,7 @@ class GraphNode(Op[None]):
     device: Device | None
 
     def _claim(self, borrows: list[Borrow]) -> None:
-        """Validate this op's borrows (alive, not frozen, no aliasing) and remember its device."""
-        check_borrows(self.name, borrows)
+        """Validate this op's borrows (one device, alive, not frozen, no aliasing) and remember its device."""
         device = borrows[0].tensor.device
         for b in borrows:
             if b.tensor.device is not device:
@@ -57,8 +58,12 @@ class GraphNode(Op[None]):
                         help="move the data to one device first (t.numpy() and dev.from_numpy())",
                     )
                 )
+        check_borrows(self.name, borrows)
         self.borrows = borrows
         self.device = device
+
+    def execute(self, stream: Stream) -> None:
+        stream.device.backend.run(self, stream)
 
     @property
     def tensors(self) -> list[Tensor]:
@@ -119,8 +124,6 @@ class Memcpy(GraphNode):
     def name(self) -> str:
         return "memcpy"
 
-    def execute(self, stream: Stream) -> None:
-        stream.device.backend.run_memcpy(self, stream)
 
 
 class Memset(GraphNode):
@@ -130,7 +133,7 @@ class Memset(GraphNode):
 
     def __init__(self, dst: Mut[Tensor], value: float | int | bool) -> None:
         self.dst = borrowed_tensor(dst, True, "memset", "dst")
-        self.value = self.dst.dtype.scalar(value)
+        self.value = self.dst.dtype.scalar(value, f"the memset value for `{self.dst.name}`")
         raw = memset_pattern(self.value)
         if raw is None:
             raise SignatureError(
@@ -151,8 +154,6 @@ class Memset(GraphNode):
     def label(self) -> str:
         return f"memset(mut {self.dst.name}, {self.value.item()!r})"
 
-    def execute(self, stream: Stream) -> None:
-        stream.device.backend.run_memset(self, stream)
 
 
 def memset_pattern(value: np.generic) -> bytes | None:
@@ -171,6 +172,21 @@ def memcpy(dst: Mut[Tensor], src: Tensor) -> Memcpy:
 def memset(dst: Mut[Tensor], value: float | int | bool) -> Memset:
     """A graph node that fills ``dst`` with ``value``."""
     return Memset(dst, value)
+
+
+class Join(GraphNode):
+    """An empty node the dependency tracker inserts where many readers meet one writer: the
+    writer waits for the join, the join for the readers (see ``_tracker``). It touches nothing."""
+
+    __slots__ = ()
+
+    def __init__(self) -> None:
+        self.borrows = []
+        self.device = None
+
+    @property
+    def name(self) -> str:
+        return "join"
 
 
 class AllocationOp(Op[Tensor]):
@@ -221,7 +237,10 @@ class AllocationOp(Op[Tensor]):
 
 
 def _shape(shape: int | tuple[int, ...] | list[int]) -> tuple[int, ...]:
-    dims = (shape,) if isinstance(shape, int) else tuple(int(d) for d in shape)
+    try:
+        dims = (operator.index(shape),) if not isinstance(shape, (tuple, list)) else tuple(operator.index(d) for d in shape)
+    except TypeError:
+        raise SignatureError(f"shape {shape!r} is not an int or a tuple of ints\nhelp: pass e.g. (16, 128)") from None
     if any(d < 0 for d in dims):
         raise SignatureError(f"shape {dims} has a negative dimension\nhelp: use non-negative sizes")
     return dims
@@ -241,7 +260,8 @@ def full(
     shape: int | tuple[int, ...] | list[int], value: float, dtype: DTypeLike = float32, name: str | None = None
 ) -> AllocationOp:
     """An allocation op: a new tensor with every element ``value``. Run with ``stream.run``."""
-    return AllocationOp("full", _shape(shape), as_dtype(dtype), value, name=name)
+    dt = as_dtype(dtype)
+    return AllocationOp("full", _shape(shape), dt, dt.scalar(value, "the fill value"), name=name)
 
 
 def dup(tensor: Tensor, name: str | None = None) -> AllocationOp:

@@ -1,28 +1,59 @@
 """The recording scope: ``with CudaGraph.scope(stream) as s: s.record(op)``.
 
 A scope owns, while it is open: the stream's recording flag (so eager work on that stream is
-refused), a pin on every allocation a recorded op touches (so ``free()`` is refused), and the
-dependency tracker. On a clean exit it hands the pins and the records to a new CudaGraph; on an
-exception it releases everything, so the stream stays usable and nothing leaks.
+refused), a :class:`~scopegraph._lifetime.Pin` on every allocation a recorded op touches (so
+``free()``, and ``freeze()`` of what it writes, are refused), and the dependency tracker. On a
+clean exit it hands the pin and the records to a new CudaGraph; on an exception it releases
+everything, so the stream stays usable and nothing leaks.
 """
 
 from __future__ import annotations
 
 import sys
 from types import TracebackType
-from typing import Self
+from typing import TYPE_CHECKING, Self
 
-from ._errors import NotAGraphNodeError, ScopeStateError, diagnostic
-from ._graph import CudaGraph, RecordedNode, release_pins
-from ._ops import AllocationOp, GraphNode
+from enum import Enum
+
+from ._errors import NotAGraphNodeError, ScopeStateError, SignatureError, diagnostic
+from ._lifetime import Pin
+from ._ops import AllocationOp, GraphNode, Join
 from ._stream import Stream, check_runnable
-from ._tensor import Allocation
-from ._tracker import make_tracker
+from ._tracker import ORDERS
 
-_OPEN, _NEW, _DONE, _FAILED = "open", "new", "done", "failed"
+if TYPE_CHECKING:
+    from ._graph import CudaGraph
 
 
-def _caller(depth: int) -> str:
+class _State(Enum):
+    NEW = "not entered"
+    OPEN = "open"
+    DONE = "finished"
+    FAILED = "failed"
+
+
+class RecordedNode:
+    """A handle naming one recorded op: its index, the op, its predecessors and where it was recorded."""
+
+    __slots__ = ("index", "op", "deps", "_where")
+
+    def __init__(self, index: int, op: GraphNode, deps: frozenset[int], where: tuple[str, int]) -> None:
+        self.index = index
+        self.op = op
+        self.deps = deps
+        self._where = where  # (file, line), formatted only when asked: record is a hot path
+
+    @property
+    def location(self) -> str:
+        """``file:line`` of the ``s.record`` call."""
+        return f"{self._where[0]}:{self._where[1]}"
+
+    def __repr__(self) -> str:
+        deps = ", ".join(map(str, sorted(self.deps)))
+        return f"<node {self.index}: {self.op.label()} after [{deps}]>"
+
+
+def caller(depth: int) -> str:
     frame = sys._getframe(depth + 1)
     return f"{frame.f_code.co_filename}:{frame.f_lineno}"
 
@@ -30,26 +61,33 @@ def _caller(depth: int) -> str:
 class Scope:
     """Records graph nodes on one stream; ``s.graph`` is the instantiated graph after a clean exit."""
 
-    def __init__(self, stream: Stream, order: str = "dataflow", opened_at: str = "") -> None:
+    def __init__(self, stream: Stream, graph_type: type[CudaGraph], order: str = "dataflow", opened_at: str = "") -> None:
         if not isinstance(stream, Stream):
             raise ScopeStateError(
                 f"CudaGraph.scope() needs a scopegraph Stream, not {type(stream).__name__}\n"
                 "help: use dev.stream(), or sg.Stream.from_handle(obj) for another library's stream"
             )
+        tracker = ORDERS.get(order)
+        if tracker is None:
+            raise SignatureError(f'order={order!r} is not an ordering\nhelp: use order="dataflow" (default) or order="program"')
         self.stream = stream
+        # What a clean exit builds (CudaGraph, passed in by CudaGraph.scope: the graph module
+        # imports this one, not the other way round).
+        self._graph_type = graph_type
         self.order = order
         self.opened_at = opened_at
-        self._tracker = make_tracker(order)
         self._nodes: list[RecordedNode] = []
-        self._pinned: dict[int, Allocation] = {}
-        self._state = _NEW
+        self._tracker = tracker(self._add_join)
+        self._pin = Pin(f"the open scope at {opened_at}")
+        self._where = ("", 0)
+        self._state = _State.NEW
         self._graph: CudaGraph | None = None
 
     def __repr__(self) -> str:
-        return f"<Scope on stream #{self.stream.id}, {len(self._nodes)} nodes, {self._state}>"
+        return f"<Scope on stream #{self.stream.id}, {len(self._nodes)} nodes, {self._state.value}>"
 
     def __enter__(self) -> Self:
-        if self._state != _NEW:
+        if self._state is not _State.NEW:
             raise ScopeStateError("this scope was already used\nhelp: open a new one with CudaGraph.scope(stream)")
         outer = self.stream.recording
         if outer is not None:
@@ -61,15 +99,15 @@ class Scope:
                 )
             )
         self.stream.recording = self
-        self._state = _OPEN
+        self._state = _State.OPEN
         return self
 
     def record(self, op: GraphNode) -> RecordedNode:
         """Add ``op`` to the graph; returns a handle naming the node. Only GraphNode ops are accepted."""
-        if self._state is not _OPEN:
+        if self._state is not _State.OPEN:
             raise ScopeStateError(
                 diagnostic(
-                    f"cannot record into a scope that is {'not open yet' if self._state is _NEW else 'finished'}",
+                    f"cannot record into a scope that is {'not open yet' if self._state is _State.NEW else 'finished'}",
                     [f"the scope was opened at {self.opened_at}"],
                     help="record inside the `with CudaGraph.scope(stream) as s:` block",
                 )
@@ -77,17 +115,19 @@ class Scope:
         if not isinstance(op, GraphNode):
             raise _not_a_graph_node(op)
         check_runnable(op, self.stream)
-        deps = self._tracker.add(op.borrows)
-        pinned = self._pinned
-        for b in op.borrows:
-            alloc = b.alloc
-            if alloc.id not in pinned:
-                pinned[alloc.id] = alloc
-                alloc.pins[id(self)] = f"the open scope at {self.opened_at}"
+        borrows = op.borrows
         frame = sys._getframe(1)
-        node = RecordedNode(len(self._nodes), op, deps, (frame.f_code.co_filename, frame.f_lineno))
+        self._where = (frame.f_code.co_filename, frame.f_lineno)
+        deps = self._tracker.add(borrows)
+        self._pin.add(borrows)
+        node = RecordedNode(len(self._nodes), op, deps, self._where)
         self._nodes.append(node)
         return node
+
+    def _add_join(self, index: int, deps: frozenset[int]) -> None:
+        """The tracker's join nodes, recorded where the op that needed them was."""
+        assert index == len(self._nodes)
+        self._nodes.append(RecordedNode(index, Join(), deps, self._where))
 
     @property
     def nodes(self) -> tuple[RecordedNode, ...]:
@@ -97,13 +137,13 @@ class Scope:
     def graph(self) -> CudaGraph:
         """The instantiated graph; available after the ``with`` block ends without an exception."""
         if self._graph is None:
-            if self._state is _OPEN:
+            if self._state is _State.OPEN:
                 msg = diagnostic(
                     "`s.graph` read inside the scope that is building it",
                     [f"the scope was opened at {self.opened_at}"],
                     help="read s.graph after the `with` block",
                 )
-            elif self._state is _FAILED:
+            elif self._state is _State.FAILED:
                 msg = "this scope ended with an exception, so it made no graph\nhelp: fix the error and record again"
             else:
                 msg = "this scope has not been entered\nhelp: use it as `with CudaGraph.scope(stream) as s:`"
@@ -117,23 +157,19 @@ class Scope:
         if exc_type is not None:
             self._abandon()
             return
-        pins = list(self._pinned.values())
         try:
             executable = self.stream.device.backend.build(self._nodes, self.stream)
         except BaseException:
             self._abandon()
             raise
-        self._graph = CudaGraph(executable, tuple(self._nodes), self.stream, pins, self.order)
-        release_pins(pins, id(self))
-        self._state = _DONE
+        self._graph = self._graph_type(executable, tuple(self._nodes), self.stream, self._pin, self.order)
+        self._state = _State.DONE
         self._nodes = []
-        self._pinned = {}
 
     def _abandon(self) -> None:
-        release_pins(list(self._pinned.values()), id(self))
+        self._pin.release()
         self._nodes = []
-        self._pinned = {}
-        self._state = _FAILED
+        self._state = _State.FAILED
 
 
 def _not_a_graph_node(op: object) -> NotAGraphNodeError:

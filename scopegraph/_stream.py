@@ -1,10 +1,16 @@
-"""Streams: where eager work runs in order, and what a scope records on."""
+"""Streams: where eager work runs in order, and what a scope records on.
+
+Thread safety: a Stream may be used from several threads (CUDA orders the work it receives), but
+one scope records from one thread; a stream that a scope records on refuses eager work from all.
+"""
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ._borrow import check_frozen
 from ._errors import NotAGraphNodeError, ScopeStateError, SignatureError, diagnostic
 from ._ops import GraphNode, Op
 
@@ -15,11 +21,15 @@ if TYPE_CHECKING:
 R = TypeVar("R")
 _stream_ids = itertools.count(1)
 
+# Set by ``_device`` on import: finds the Device for "cuda:N" (a hook, not an import, since
+# devices make streams).
+device_lookup: Callable[[Device | str], Device] | None = None
+
 
 class Stream:
     """An ordered queue of work on one device. ``run`` executes any op eagerly, in stream order."""
 
-    __slots__ = ("device", "native", "recording", "id", "__weakref__")
+    __slots__ = ("device", "native", "recording", "id", "last_work", "__weakref__")
 
     def __init__(self, device: Device, native: object) -> None:
         self.device = device
@@ -28,6 +38,8 @@ class Stream:
         # The scope recording on this stream, if any: eager work then would run before the graph.
         self.recording: Scope | None = None
         self.id = next(_stream_ids)
+        # What was last submitted here, named in the error if the GPU faults afterwards.
+        self.last_work = ""
 
     def __repr__(self) -> str:
         return f"<Stream #{self.id} on {self.device}>"
@@ -54,28 +66,52 @@ class Stream:
             check_runnable(op, self)
         elif not isinstance(op, Op):
             raise NotAGraphNodeError(
-                f"stream.run() takes an op (sg.memcpy, a kernel launch, sg.zeros, ...), not {type(op).__name__}"
+                f"stream.run() takes an op (sg.memcpy, a kernel launch, sg.zeros, ...), not {type(op).__name__}\n"
+                "help: build the op first, e.g. stream.run(sg.memcpy(dst.mut(), src))"
             )
         return op.execute(self)
 
     def sync(self) -> None:
         """Wait for all work submitted to this stream."""
-        self.device.backend.sync_stream(self.native)
+        self.device.backend.sync_stream(self)
 
     @staticmethod
-    def from_handle(obj: Any, device: Device | None = None) -> Stream:
-        """Wrap a stream from another library (anything with ``__cuda_stream__``) without owning it."""
-        from ._device import device as get_device
-
-        dev = get_device(device if device is not None else ("cuda" if hasattr(obj, "__cuda_stream__") else "host"))
-        return Stream(dev, dev.backend.stream_from_handle(obj))
+    def from_handle(obj: Any, device: Device | str | None = None) -> Stream:
+        """Wrap a stream from another library (anything with ``__cuda_stream__``, e.g. a torch or
+        CuPy stream, or a cuda.core Stream) without owning it, on the device the stream belongs to.
+        A scopegraph Stream is returned as it is."""
+        get_device = device_lookup
+        assert get_device is not None, "scopegraph._device registers the lookup on import"
+        if isinstance(obj, Stream):
+            return obj
+        if not hasattr(obj, "__cuda_stream__"):
+            raise SignatureError(
+                diagnostic(
+                    f"Stream.from_handle() got {type(obj).__name__}, which is not a CUDA stream",
+                    ["a foreign stream is recognised by its __cuda_stream__ protocol"],
+                    help="pass a torch.cuda.Stream, a cupy Stream, a cuda.core Stream or another object with "
+                    "__cuda_stream__; for the host backend use sg.device('host').stream()",
+                )
+            )
+        dev = get_device("cuda" if device is None else device)
+        native, index = dev.backend.stream_from_handle(obj)
+        if index != dev.index:
+            if device is not None:
+                raise SignatureError(
+                    f"the stream belongs to cuda:{index}, not {dev}\nhelp: leave device= out (it is found from the stream)"
+                )
+            dev = get_device(f"cuda:{index}")
+        return Stream(dev, native)
 
 
 def check_runnable(op: GraphNode, stream: Stream) -> None:
-    """What must hold when a graph node is run or recorded: live memory, the stream's device."""
-    for b in op.borrows:
+    """What must hold when a graph node is run or recorded: live memory, nothing frozen written
+    (``freeze()`` may have come after the op was built), the stream's device."""
+    borrows = op.borrows
+    for b in borrows:
         if b.alloc.freed:
             b.tensor.check_alive()
+    check_frozen(op.name, borrows)
     device = op.device
     if device is not stream.device and device is not None:
         raise SignatureError(

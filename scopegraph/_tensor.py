@@ -1,61 +1,30 @@
-"""Tensors, the allocations behind them, and borrows.
+"""Tensors: typed, shaped, contiguous windows onto an allocation, and ``Mut``, the write borrow.
 
-An :class:`Allocation` owns one block of memory. A :class:`Tensor` is a typed, shaped window
-(``offset`` and ``nbytes``) onto one allocation; views share the allocation. A borrow is a byte
-range of one allocation, so two views conflict exactly when their ranges overlap.
-
-Who owns what: the allocation owns the backend storage and releases it on ``free()`` or when
-the last tensor referring to it is collected. A live graph or an open scope *pins* the
-allocation: it holds a reference to the tensors it uses and ``free()`` is refused until the
-pin is released. Wrapped third-party memory (DLPack, ``__cuda_array_interface__``) is
-*borrowed*: scopegraph never frees it.
+A :class:`Tensor` is ``offset`` and ``nbytes`` of one :class:`~scopegraph._allocation.Allocation`;
+views share the allocation. What makes memory conflict lives in ``_borrow`` (by device address);
+what keeps it alive lives in ``_lifetime``.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
+import operator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar, final
 
 import numpy as np
 
-from ._dtypes import DType
-from ._errors import BorrowError, LifetimeError, SignatureError, diagnostic
+from ._errors import BorrowError, BoundsError, LifetimeError, SignatureError, diagnostic
 
 if TYPE_CHECKING:
+    from ._allocation import Allocation
     from ._device import Device
+    from ._dtypes import DType
+    from ._stream import Stream
 
-_allocation_ids = itertools.count(1)
-
-
-class Allocation:
-    """One block of device (or host-backend) memory and the bookkeeping the tracker needs."""
-
-    __slots__ = ("id", "device", "nbytes", "storage", "name", "freed", "pins", "frozen", "borrowed", "__weakref__")
-
-    def __init__(self, device: Device, nbytes: int, storage: object, name: str | None, borrowed: bool = False) -> None:
-        self.id: Final = next(_allocation_ids)
-        self.device: Final = device
-        self.nbytes: Final = nbytes
-        # Backend-specific: a numpy uint8 array on the host backend, a cuda.core Buffer on CUDA.
-        self.storage = storage
-        self.name = name
-        self.freed = False
-        # holder id -> what holds it ("graph #2", "the open scope on stream #1"), for messages.
-        self.pins: dict[int, str] = {}
-        # Byte ranges made read-only by Tensor.freeze().
-        self.frozen: list[tuple[int, int]] = []
-        self.borrowed = borrowed
-
-    def frozen_overlap(self, start: int, end: int) -> bool:
-        return any(s < end and start < e for s, e in self.frozen)
-
-    def release(self) -> None:
-        if not self.freed:
-            self.freed = True
-            if not self.borrowed:
-                self.device.backend.release(self.storage)
-            self.storage = None
+# Set by ``_interop`` when the package is imported: wraps a foreign array without a copy.
+# (A hook, not an import: interop needs the device registry, which needs tensors.)
+foreign_wrapper: Callable[[Any, str | None, Stream | None], Tensor] | None = None
 
 
 class Tensor:
@@ -129,7 +98,12 @@ class Tensor:
     def view(self, shape: tuple[int, ...] | list[int], name: str | None = None) -> Tensor:
         """The same memory with a new shape (same number of elements; ``-1`` infers one dim)."""
         self.check_alive()
-        dims = [int(d) for d in shape]
+        try:
+            dims = [operator.index(d) for d in shape]
+        except TypeError:
+            raise SignatureError(
+                f"cannot view `{self.name}` as {shape!r}: a shape is a tuple of ints\nhelp: pass e.g. t.view((16, 128))"
+            ) from None
         if dims.count(-1) == 1:
             known = math.prod(d for d in dims if d != -1)
             if known and self.size % known == 0:
@@ -164,7 +138,9 @@ class Tensor:
         if isinstance(index, (int, np.integer)):
             i = int(index) + rows if index < 0 else int(index)
             if not 0 <= i < rows:
-                raise IndexError(f"row {index} is out of range for `{self.name}` with {rows} rows")
+                raise BoundsError(
+                    f"row {index} is out of range for `{self.name}` with {rows} rows\nhelp: index rows 0..{rows - 1} (or -{rows}..-1)"
+                )
             return Tensor(self._alloc, self.offset + i * row_bytes, self.shape[1:], self.dtype, f"{self.name}[{i}]", self)
         raise SignatureError(
             f"`{self.name}` can be indexed by an int or a row slice, not {type(index).__name__}\n"
@@ -178,14 +154,31 @@ class Tensor:
         return Mut(self)
 
     def freeze(self) -> Tensor:
-        """Make this tensor's memory read-only (weights): any later mutable borrow is a BorrowError."""
+        """Make this tensor's memory read-only (weights): any later mutable borrow is a BorrowError,
+        also through an op built before this call. Refused while a live graph writes the tensor."""
         self.check_alive()
-        self._alloc.frozen.append(self.byte_range)
+        alloc = self._alloc
+        start = alloc.address + self.offset
+        end = start + self.nbytes
+        for alias in alloc.aliases():
+            for pin in alias.pins.values():
+                if pin.writes_to(start, end):
+                    raise BorrowError(
+                        diagnostic(
+                            f"cannot freeze `{self.name}`: {pin.description} writes it",
+                            [f"a frozen tensor can never be borrowed mutably, but {pin.description} holds a mutable borrow"],
+                            help="close the graph that writes it first (graph.close()), or freeze it before recording",
+                        )
+                    )
+        if start < end:
+            alloc.frozen.append((start, end))
+            alloc.region.frozen += 1
         return self
 
     @property
     def frozen(self) -> bool:
-        return self._alloc.frozen_overlap(*self.byte_range)
+        start = self._alloc.address + self.offset
+        return self._alloc.frozen_overlap(start, start + self.nbytes) is not None
 
     # -- lifetime ------------------------------------------------------------------------
 
@@ -200,7 +193,8 @@ class Tensor:
             )
 
     def free(self) -> None:
-        """Release the memory now. Refused while a live graph or an open scope uses it."""
+        """Release the memory now (the GPU work already queued on it still completes first).
+        Refused while a live graph or an open scope uses it."""
         alloc = self._alloc
         if self._base is not None:
             raise LifetimeError(
@@ -215,11 +209,14 @@ class Tensor:
             raise LifetimeError(
                 diagnostic(
                     f"cannot free `{self.name}` while it is in use",
-                    [f"`{self.name}` is pinned by {holder}" for holder in alloc.pins.values()],
+                    [f"`{self.name}` is pinned by {pin.description}" for pin in alloc.pins.values()],
                     help="close the graph first (graph.close() or a `with` block), then free",
                 )
             )
-        alloc.release()
+        alloc.freed = True
+        alloc.storage = None
+        if alloc.release is not None:
+            alloc.release()
 
     # -- host copies ---------------------------------------------------------------------
 
@@ -235,10 +232,11 @@ class Tensor:
     def data_ptr(self) -> int:
         """The address of the first element (device address on CUDA, host address on host)."""
         self.check_alive()
-        return self.device.backend.address(self._alloc) + self.offset
+        return self._alloc.address + self.offset
 
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:
+        """Version 3, with ``stream`` set to a stream on which every write queued so far is visible."""
         if not self.device.is_cuda:
             raise AttributeError("__cuda_array_interface__ exists only for CUDA tensors")
         return {
@@ -247,22 +245,26 @@ class Tensor:
             "data": (self.data_ptr, self.frozen),
             "version": 3,
             "strides": None,
-            "stream": None,
+            "stream": self.device.backend.ready_stream(self._alloc),
         }
 
     def __dlpack__(self, *, stream: int | None = None, **kwargs: Any) -> object:
+        """DLPack export: the consumer's ``stream`` is made to wait for work queued on this memory."""
         self.check_alive()
-        return self.device.backend.dlpack(self, stream)
+        return self.device.backend.dlpack(self, stream, kwargs)
 
     def __dlpack_device__(self) -> tuple[int, int]:
         return self.device.backend.dlpack_device()
 
     @staticmethod
-    def from_dlpack(obj: Any, name: str | None = None) -> Tensor:
-        """Wrap another library's tensor without a copy (borrowed: scopegraph never frees it)."""
-        from ._interop import tensor_from_foreign
+    def from_dlpack(obj: Any, name: str | None = None, stream: Stream | None = None) -> Tensor:
+        """Wrap another library's tensor without a copy (borrowed: scopegraph never frees it).
 
-        return tensor_from_foreign(obj, name)
+        The producer's pending work is made visible first: on ``stream`` if given (the wrapper is
+        then ready there), else before this returns. Wrappers of the same memory are one
+        allocation to the ownership rules."""
+        assert foreign_wrapper is not None, "scopegraph._interop registers the wrapper on import"
+        return foreign_wrapper(obj, name, stream)
 
 
 T = TypeVar("T", bound=Tensor)
@@ -291,62 +293,3 @@ class Mut(Generic[T]):
 def mut(tensor: T) -> Mut[T]:
     """``sg.mut(x)`` is ``x.mut()``: an exclusive borrow for one op."""
     return Mut(tensor)
-
-
-class Borrow:
-    """One argument's claim on a byte range of an allocation, as an op makes it."""
-
-    __slots__ = ("tensor", "alloc", "start", "end", "mutable", "param")
-
-    def __init__(self, tensor: Tensor, mutable: bool, param: str) -> None:
-        self.tensor = tensor
-        self.alloc = tensor._alloc
-        self.start = tensor.offset
-        self.end = tensor.offset + tensor.nbytes
-        self.mutable = mutable
-        self.param = param
-
-    def overlaps(self, other: Borrow) -> bool:
-        return self.alloc is other.alloc and self.start < other.end and other.start < self.end
-
-    def describe(self) -> str:
-        kind = "mutably" if self.mutable else "as shared"
-        span = f"bytes {self.start}..{self.end}"
-        owner = self.alloc.name or f"#{self.alloc.id}"
-        return f"`{self.param}` borrows `{self.tensor.name}` {kind} ({span} of allocation `{owner}`)"
-
-
-def check_borrows(op_name: str, borrows: list[Borrow]) -> None:
-    """The in-op rules: live memory, no write to frozen memory, no mutable overlap."""
-    for b in borrows:
-        b.tensor.check_alive()
-        if b.mutable and b.alloc.frozen and b.alloc.frozen_overlap(b.start, b.end):
-            raise BorrowError(
-                diagnostic(
-                    f"cannot borrow `{b.tensor.name}` as mutable in `{op_name}`: it is frozen",
-                    [b.describe(), f"`{b.tensor.name}` was made read-only by freeze()"],
-                    help="write into a separate buffer; frozen tensors (weights) can only be read",
-                )
-            )
-    n = len(borrows)
-    for i in range(n):
-        a = borrows[i]
-        for j in range(i + 1, n):
-            b = borrows[j]
-            if (a.mutable or b.mutable) and a.overlaps(b):
-                first, second = (a, b) if a.mutable else (b, a)
-                if second.mutable:
-                    head = f"cannot borrow `{second.tensor.name}` as mutable more than once at a time in `{op_name}`"
-                else:
-                    head = (
-                        f"cannot borrow `{second.tensor.name}` as immutable because it is also "
-                        f"borrowed as mutable in `{op_name}`"
-                    )
-                raise BorrowError(
-                    diagnostic(
-                        head,
-                        [f"mutable borrow: {first.describe()}", f"conflicting borrow: {second.describe()}"],
-                        help="give the op separate buffers (or disjoint views) for what it writes and what it reads; "
-                        "copy first with sg.memcpy if you need the old contents",
-                    )
-                )

@@ -1,95 +1,188 @@
 """Dependency tracking: which earlier ops each recorded op must wait for.
 
-The in-op ownership rules live with the borrows (``_tensor.check_borrows``); this module orders
-ops *between* each other, from their read and write sets:
+The in-op ownership rules live in ``_borrow``; this module orders ops *between* each other, by
+the device-address ranges they read and write:
 
-- read after write: a read waits for the last writers of the bytes it reads;
-- write after read: a write waits for the readers since the last write of its bytes;
-- write after write: a write waits for the last writers of its bytes, unless it already waits
-  for a reader that waits for that writer (the edge would be redundant).
+- read after write: a read waits for the last writer of every byte it reads;
+- write after read: a write waits for the readers of its bytes since their last write;
+- write after write: a write waits for the last writer of its bytes, unless it waits for a
+  reader of them (every such reader already waits for that writer, so the edge is redundant).
 
-Per allocation it keeps only the accesses still visible: a write that covers earlier accesses
-retires them, since anything later that touches those bytes waits for the covering write.
-So ``add`` costs a few list scans over live accesses of the touched allocations, never a scan
-over every earlier op.
+State is a *segment map*: a ``SortedDict`` from start address to :class:`_Segment`, disjoint
+ranges each with its last writer and the readers since. An op that touches a range splits at
+most two segments and visits only the segments inside the range, so recording costs
+O(log n + k) for k segments touched, never a scan of earlier ops. Accesses to exactly one whole
+segment (the common case: an op that uses whole tensors) are plain dict hits.
+
+Readers are a persistent linked list, so splitting a segment shares its readers for free. When
+a write must wait for more than :data:`JOIN_THRESHOLD` readers, the tracker adds a *join* node
+that waits for them, remembers it on the list, and later writes to any piece of that memory wait
+for the join alone: many readers meeting one writer cost one join node and one edge per reader,
+not one edge per reader per write.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from ._tensor import Borrow
+from sortedcontainers import SortedDict
+
+from ._borrow import Borrow
+
+# A write that must wait for more readers than this waits for a join node instead.
+JOIN_THRESHOLD = 8
 
 
-class _Accesses:
-    """The live reads and writes of one allocation: lists of (start, end, node index)."""
+class _Readers:
+    """A reader node and the readers before it (shared between segments split from one)."""
 
-    __slots__ = ("reads", "writes")
+    __slots__ = ("node", "rest", "join")
 
-    def __init__(self) -> None:
-        self.reads: list[tuple[int, int, int]] = []
-        self.writes: list[tuple[int, int, int]] = []
+    def __init__(self, node: int, rest: _Readers | None) -> None:
+        self.node = node
+        self.rest = rest
+        # A join node that waits for this reader and every one behind it, once one is made.
+        self.join = -1
+
+
+class _Segment:
+    __slots__ = ("end", "writer", "readers")
+
+    def __init__(self, end: int, writer: int, readers: _Readers | None) -> None:
+        self.end = end
+        self.writer = writer  # -1: not written in this scope
+        self.readers = readers
 
 
 class DataflowTracker:
-    """Computes each op's predecessors from what it reads and writes."""
+    """Computes each op's predecessors from what it reads and writes.
 
-    def __init__(self) -> None:
-        self._by_alloc: dict[int, _Accesses] = {}
-        self._deps: list[frozenset[int]] = []
+    The tracker numbers nodes itself: ``add`` gives the op the next index, and a join it needs
+    first is announced with ``add_join(index, deps)``, so the caller appends nodes in the order
+    the tracker numbers them.
+    """
+
+    def __init__(self, add_join: Callable[[int, frozenset[int]], None]) -> None:
+        self._segments: SortedDict[int, _Segment] = SortedDict()
+        self._add_join = add_join
+        self.count = 0
 
     def add(self, borrows: Sequence[Borrow]) -> frozenset[int]:
-        node = len(self._deps)
         deps: set[int] = set()
-        by_alloc = self._by_alloc
+        segments = self._segments
         for b in borrows:
-            acc = by_alloc.get(b.alloc.id)
-            if acc is None:
-                continue
             start, end = b.start, b.end
-            if not b.mutable:
-                for s, e, n in acc.writes:
-                    if s < end and start < e:
-                        deps.add(n)
+            if start == end:
                 continue
-            readers = [n for s, e, n in acc.reads if s < end and start < e]
-            deps.update(readers)
-            for s, e, n in acc.writes:
-                if s < end and start < e and not any(n in self._deps[r] for r in readers):
-                    deps.add(n)
-        for b in borrows:
-            acc = by_alloc.get(b.alloc.id)
-            if acc is None:
-                acc = by_alloc[b.alloc.id] = _Accesses()
-            start, end = b.start, b.end
+            exact = segments.get(start)
+            touched = (exact,) if exact is not None and exact.end == end else self._overlapping(start, end)
             if b.mutable:
-                acc.reads = [a for a in acc.reads if not (start <= a[0] and a[1] <= end)]
-                acc.writes = [a for a in acc.writes if not (start <= a[0] and a[1] <= end)]
-                acc.writes.append((start, end, node))
+                for seg in touched:
+                    if seg.readers is not None:
+                        self._wait_for_readers(seg.readers, deps)
+                    elif seg.writer >= 0:
+                        deps.add(seg.writer)
             else:
-                acc.reads.append((start, end, node))
-        frozen = frozenset(deps)
-        self._deps.append(frozen)
-        return frozen
+                for seg in touched:
+                    if seg.writer >= 0:
+                        deps.add(seg.writer)
+        node = self.count
+        self.count += 1
+        for b in borrows:
+            if b.start != b.end:
+                self._write(b.start, b.end, node) if b.mutable else self._read(b.start, b.end, node)
+        return frozenset(deps)
+
+    # -- queries -----------------------------------------------------------------------------
+
+    def _overlapping(self, start: int, end: int) -> list[_Segment]:
+        segments = self._segments
+        found = []
+        i = segments.bisect_left(start) - 1  # the last segment that starts before `start`
+        if i >= 0:
+            before = segments.peekitem(i)[1]
+            if before.end > start:
+                found.append(before)
+        found.extend(segments[k] for k in segments.irange(start, end, inclusive=(True, False)))
+        return found
+
+    def _wait_for_readers(self, readers: _Readers, deps: set[int]) -> None:
+        head: _Readers | None = readers
+        collected: list[int] = []
+        while head is not None:
+            if head.join >= 0:
+                collected.append(head.join)
+                break
+            collected.append(head.node)
+            head = head.rest
+        if len(collected) > JOIN_THRESHOLD:
+            join = self.count
+            self.count += 1
+            self._add_join(join, frozenset(collected))
+            readers.join = join
+            deps.add(join)
+        else:
+            deps.update(collected)
+
+    # -- updates -----------------------------------------------------------------------------
+
+    def _split(self, at: int) -> None:
+        """Make ``at`` a segment boundary if a segment straddles it."""
+        segments = self._segments
+        if at in segments:
+            return
+        i = segments.bisect_right(at) - 1
+        if i < 0:
+            return
+        key, seg = segments.peekitem(i)
+        if seg.end > at:
+            segments[at] = _Segment(seg.end, seg.writer, seg.readers)
+            seg.end = at
+
+    def _write(self, start: int, end: int, node: int) -> None:
+        segments = self._segments
+        exact = segments.get(start)
+        if exact is not None and exact.end == end:
+            exact.writer, exact.readers = node, None
+            return
+        self._split(start)
+        self._split(end)
+        for k in list(segments.irange(start, end, inclusive=(True, False))):
+            del segments[k]
+        segments[start] = _Segment(end, node, None)
+
+    def _read(self, start: int, end: int, node: int) -> None:
+        segments = self._segments
+        exact = segments.get(start)
+        if exact is not None and exact.end == end:
+            exact.readers = _Readers(node, exact.readers)
+            return
+        self._split(start)
+        self._split(end)
+        cursor = start
+        gaps: list[tuple[int, int]] = []
+        for k in segments.irange(start, end, inclusive=(True, False)):
+            seg = segments[k]
+            if k > cursor:
+                gaps.append((cursor, k))
+            seg.readers = _Readers(node, seg.readers)
+            cursor = seg.end
+        if cursor < end:
+            gaps.append((cursor, end))
+        for gap_start, gap_end in gaps:
+            segments[gap_start] = _Segment(gap_end, -1, _Readers(node, None))
 
 
 class ProgramOrderTracker:
     """Chains every op after the one recorded before it."""
 
-    def __init__(self) -> None:
-        self._count = 0
+    def __init__(self, add_join: Callable[[int, frozenset[int]], None]) -> None:
+        self.count = 0
 
     def add(self, borrows: Sequence[Borrow]) -> frozenset[int]:
-        node = self._count
-        self._count += 1
+        node = self.count
+        self.count += 1
         return frozenset((node - 1,)) if node else frozenset()
 
 
-def make_tracker(order: str) -> DataflowTracker | ProgramOrderTracker:
-    if order == "dataflow":
-        return DataflowTracker()
-    if order == "program":
-        return ProgramOrderTracker()
-    from ._errors import SignatureError
-
-    raise SignatureError(f'order={order!r} is not an ordering\nhelp: use order="dataflow" (default) or order="program"')
+ORDERS: dict[str, type[DataflowTracker] | type[ProgramOrderTracker]] = {"dataflow": DataflowTracker, "program": ProgramOrderTracker}

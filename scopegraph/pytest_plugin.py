@@ -8,14 +8,22 @@ Fixtures:
 - ``sg_stream``: a new stream on ``sg_device``.
 
 Marker ``@pytest.mark.cuda``: the test needs a GPU; it is skipped where no driver is present.
+
+Host replay order: the host backend replays graphs in a random valid topological order, so a
+missing dependency edge fails a test instead of hiding behind record order. The order generator
+is reseeded before each test from the session seed and the test's id; the seed is shown in the
+report header and in every failure, and ``--sg-seed=N`` (or ``SCOPEGRAPH_HOST_SEED=N``) replays
+the same orders.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import zlib
+from collections.abc import Generator, Iterator
 
 import pytest
 
+from ._backends._host import seed_replay_order
 from ._device import Device, device
 from ._driver import cuda_device_count
 from ._stream import Stream
@@ -31,10 +39,35 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         help="run scopegraph's sg_device tests on this backend only (repeatable; default: all)",
     )
+    parser.addoption(
+        "--sg-seed",
+        type=int,
+        default=None,
+        help="seed of the host backend's random replay orders (default: SCOPEGRAPH_HOST_SEED, else random)",
+    )
+
+
+_session_seed = 0
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    global _session_seed
     config.addinivalue_line("markers", "cuda: the test needs an NVIDIA driver and GPU; skipped without one")
+    _session_seed = seed_replay_order(config.getoption("--sg-seed"))
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"scopegraph host replay seed: {_session_seed} (rerun with --sg-seed={_session_seed})"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    if report.failed:
+        report.sections.append(
+            ("scopegraph", f"host replay seed {_session_seed}: rerun with --sg-seed={_session_seed} {item.nodeid}")
+        )
+    return report
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -47,6 +80,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 def pytest_runtest_setup(item: pytest.Item) -> None:
     if item.get_closest_marker("cuda") is not None and cuda_device_count() == 0:
         pytest.skip("needs an NVIDIA driver and GPU (none found)")
+    # Each test's orders depend only on the seed and the test, not on which tests ran before.
+    seed_replay_order(_session_seed ^ zlib.crc32(item.nodeid.encode()))
 
 
 @pytest.fixture

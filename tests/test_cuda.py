@@ -7,7 +7,7 @@ import pytest
 
 import scopegraph as sg
 from scopegraph import CudaGraph, library
-from scopegraph.transformer import Config, LayerStack, relative_error
+from scopegraph._cli.seed_model import Config, LayerStack, relative_error
 
 pytestmark = pytest.mark.cuda
 

@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 import scopegraph as sg
 from scopegraph import CudaGraph, library
-from scopegraph._tensor import Borrow
-from scopegraph._tracker import DataflowTracker
+from scopegraph._borrow import Borrow
+from scopegraph._tracker import DataflowTracker, ProgramOrderTracker
 
 
 def test_independent_ops_get_no_edge_and_dependent_ones_do(sg_device: sg.Device, sg_stream: sg.Stream) -> None:
@@ -69,26 +69,132 @@ def _closure(deps: list[frozenset[int]]) -> list[set[int]]:
     return reach
 
 
-ranges = st.tuples(st.integers(0, 2), st.integers(0, 15), st.integers(1, 8), st.booleans())
+Program = list[list[Borrow] | None]  # None: a join node the tracker inserted
 
 
-@settings(max_examples=300, deadline=None)
-@given(st.lists(st.lists(ranges, min_size=1, max_size=3), min_size=1, max_size=25))
-def test_dataflow_orders_every_conflicting_pair(program: list[list[tuple[int, int, int, bool]]]) -> None:
-    """Property: for any program of ops over three allocations, each pair of ops that touch
-    overlapping bytes with at least one write is ordered (transitively) in the DAG."""
+def _conflict(first: list[Borrow], second: list[Borrow]) -> bool:
+    return any((a.mutable or b.mutable) and a.overlaps(b) for a in first for b in second)
+
+
+def dag_violations(ops: Program, deps: list[frozenset[int]]) -> list[str]:
+    """Both directions of the dataflow contract, for ops in record order with their predecessors:
+
+    - every pair of ops that touch a common byte, one of them writing, is ordered in the DAG;
+    - every edge stems from a conflict: an edge between two ops joins conflicting ops, and an
+      edge out of a join node leads to an op that conflicts with every op the join waits for
+      (joins are where many readers meet one writer; see scopegraph/_tracker.py).
+    """
+    problems = []
+    reach = _closure(deps)
+    real = [i for i, op in enumerate(ops) if op is not None]
+    for j, i in itertools.combinations(real, 2):
+        if _conflict(ops[j], ops[i]) and j not in reach[i]:  # type: ignore[arg-type]
+            problems.append(f"op {i} conflicts with op {j} but is not ordered after it")
+    for n, preds in enumerate(deps):
+        if ops[n] is None:
+            continue
+        for d in preds:
+            sources = [d] if ops[d] is not None else sorted(deps[d])
+            for src in sources:
+                if ops[src] is None or not _conflict(ops[src], ops[n]):  # type: ignore[arg-type]
+                    problems.append(f"edge {d} -> {n} does not stem from a conflict (through {src})")
+    return problems
+
+
+def _run_tracker(tracker_type: type[DataflowTracker] | type[ProgramOrderTracker], program: list[list[Borrow]]) -> tuple[Program, list[frozenset[int]]]:
+    ops: Program = []
+    deps: list[frozenset[int]] = []
+
+    def add_join(index: int, preds: frozenset[int]) -> None:
+        assert index == len(ops)
+        ops.append(None)
+        deps.append(preds)
+
+    tracker = tracker_type(add_join)
+    for borrows in program:
+        node_deps = tracker.add(borrows)
+        ops.append(borrows)
+        deps.append(node_deps)
+        assert all(d < len(deps) - 1 for d in node_deps)
+    return ops, deps
+
+
+ranges = st.tuples(st.integers(0, 2), st.integers(0, 15), st.integers(0, 8), st.booleans())
+
+
+def _borrows(allocs: list[sg.Tensor], accesses: list[tuple[int, int, int, bool]]) -> list[Borrow]:
+    return [Borrow(allocs[a][s : s + n], mut, f"p{i}") for i, (a, s, n, mut) in enumerate(accesses)]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.lists(ranges, min_size=1, max_size=3), min_size=1, max_size=40))
+def test_dataflow_edges_are_exactly_the_conflicts(program: list[list[tuple[int, int, int, bool]]]) -> None:
+    """Property, both directions: every conflicting pair of ops is ordered, and every edge stems
+    from a conflict. Programs over three allocations, with empty ranges and many readers."""
     dev = sg.device("host")
     allocs = [dev.zeros((24,), sg.u8, name=f"a{i}") for i in range(3)]
-    tracker = DataflowTracker()
-    deps: list[frozenset[int]] = []
-    ops: list[list[Borrow]] = []
-    for accesses in program:
-        borrows = [Borrow(allocs[a][s : s + n], mut, f"p{i}") for i, (a, s, n, mut) in enumerate(accesses)]
-        deps.append(tracker.add(borrows))
-        ops.append(borrows)
-        assert all(d < len(deps) - 1 for d in deps[-1])
-    reach = _closure(deps)
-    for j, i in itertools.combinations(range(len(ops)), 2):
-        conflict = any((a.mutable or b.mutable) and a.overlaps(b) for a in ops[j] for b in ops[i])
-        if conflict:
-            assert j in reach[i], f"op {i} must come after op {j}"
+    ops, deps = _run_tracker(DataflowTracker, [_borrows(allocs, accesses) for accesses in program])
+    assert dag_violations(ops, deps) == []
+
+
+def test_the_property_check_fails_for_wrong_trackers() -> None:
+    """The property above can fail: the program-order tracker adds edges that stem from no
+    conflict, and a tracker that returns no edges leaves conflicts unordered."""
+    dev = sg.device("host")
+    x, y = dev.zeros((8,), sg.u8, name="x"), dev.zeros((8,), sg.u8, name="y")
+    program = [_borrows([x, y], [(0, 0, 8, True)]), _borrows([x, y], [(1, 0, 8, True)]), _borrows([x, y], [(0, 0, 8, False)])]
+    ops, deps = _run_tracker(ProgramOrderTracker, program)
+    assert dag_violations(ops, deps) == ["edge 0 -> 1 does not stem from a conflict (through 0)", "edge 1 -> 2 does not stem from a conflict (through 1)"]
+    assert dag_violations(ops, [frozenset()] * 3) == ["op 2 conflicts with op 0 but is not ordered after it"]
+    ops, deps = _run_tracker(DataflowTracker, program)
+    assert dag_violations(ops, deps) == [] and deps == [frozenset(), frozenset(), frozenset({0})]
+
+
+def test_many_readers_meet_one_writer_in_a_join(sg_device: sg.Device, sg_stream: sg.Stream) -> None:
+    """2000 readers of x, then small writes of x's rows: the first write waits for one join
+    node (which waits for the readers), every later write for that join alone."""
+    x = sg_device.zeros((64, 4), name="x")
+    outs = sg_device.full((2000, 256), 5.0, name="outs")
+    with CudaGraph.scope(sg_stream) as s:
+        for i in range(2000):
+            s.record(sg.memcpy(outs[i].mut(), x))
+        writes = [s.record(library.fill_op(x[r].mut(), 1.0)) for r in range(64)]
+    graph = s.graph
+    joins = [n for n in graph.nodes if isinstance(n.op, sg.Join)]
+    assert len(joins) == 1 and len(joins[0].deps) == 2000
+    assert [w.deps for w in writes[:2]] == [frozenset({joins[0].index})] * 2
+    assert all(len(w.deps) == 1 for w in writes)
+    graph.launch()
+    graph.sync()
+    np.testing.assert_array_equal(x.numpy()[:, 0], 1.0)
+    np.testing.assert_array_equal(outs.numpy(), 0.0)
+    graph.close()
+
+
+def test_partial_writes_touch_only_their_segment(sg_device: sg.Device, sg_stream: sg.Stream) -> None:
+    """Row writes of one allocation get no edges between them; a whole read then waits for all."""
+    x = sg_device.zeros((512, 2), name="x")
+    total = sg_device.zeros((512, 2), name="total")
+    with CudaGraph.scope(sg_stream) as s:
+        rows = [s.record(library.fill_op(x[i].mut(), float(i))) for i in range(512)]
+        copy = s.record(sg.memcpy(total.mut(), x))
+    assert all(r.deps == frozenset() for r in rows)
+    assert copy.deps == {r.index for r in rows}
+    with s.graph as g:
+        g.launch()
+        g.sync()
+        np.testing.assert_array_equal(total.numpy()[:, 1], np.arange(512, dtype=np.float32))
+
+
+def test_empty_views_conflict_with_nothing(sg_device: sg.Device, sg_stream: sg.Stream) -> None:
+    x = sg_device.zeros((8,), name="x")
+    with CudaGraph.scope(sg_stream) as s:
+        w = s.record(library.fill_op(x.mut(), 3.0))
+        empty_copy = s.record(sg.memcpy(x[4:4].mut(), x[2:2]))  # 0 bytes: no conflict, no edge
+        empty_set = s.record(sg.memset(x[8:8].mut(), 0.0))
+        after = s.record(library.add_scalar_op(x.mut(), 1.0))
+    assert empty_copy.deps == frozenset() and empty_set.deps == frozenset() and after.deps == {w.index}
+    with s.graph as g:
+        g.launch()
+        g.sync()
+        np.testing.assert_array_equal(x.numpy(), 4.0)

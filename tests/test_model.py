@@ -1,4 +1,5 @@
-"""The seed's layer stack: graph replay equals eager execution, and both equal a float64 reference."""
+"""The seed's layer stack (the model the demo and the benchmarks run): graph replay equals eager
+execution, and both equal a float64 reference."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import numpy as np
 import pytest
 
 import scopegraph as sg
-from scopegraph.transformer import Config, LayerStack, reference_forward, relative_error
+from scopegraph._cli.seed_model import Config, LayerStack, reference_forward, relative_error
 
 CFG = Config(d=256, n_layers=3)
 REPLAYS = 4

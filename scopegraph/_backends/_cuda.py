@@ -2,30 +2,41 @@
 
 Who owns what:
 
-- Device memory is a cuda.core ``Buffer`` owned by an :class:`Allocation`; views are the
-  allocation's address plus an offset, passed to kernels and graph nodes as plain ints (the
-  graph's pins keep the memory alive, so cuda.core need not retain anything).
+- Device memory is a cuda.core ``Buffer`` owned by an :class:`~scopegraph._allocation.Allocation`;
+  views are the allocation's address plus an offset, passed to kernels and graph nodes as plain
+  ints (the graph's pin keeps the memory alive, so cuda.core need not retain anything).
+- Memory is allocated on ``memory_stream`` from the device's stream-ordered pool and released by
+  :meth:`CudaBackend.retire` once the allocation is freed or collected: ``memory_stream`` first
+  waits (with events) for every stream that used the memory, then frees it in stream order, so
+  nothing waits on the host and the pool hands the bytes out again only after that work is done.
+  Borrowed (foreign) memory is not freed; its owner is kept in ``_graveyard`` until the events of
+  its users have completed.
 - Each kernel launch op caches its bound form (cuda.core ``Kernel``, ``LaunchConfig`` and the
   argument tuple) in ``op.native``, made once, so eager launches and graph building do no
   argument work twice.
 - A graph is a cuda.core ``GraphDefinition`` built node by node with the tracker's
   predecessors, instantiated and uploaded once; ``_CudaExecutable`` owns the resulting
-  ``Graph`` and closes it.
+  ``Graph`` and closes it (an in-flight replay completes first: the driver defers the free).
+
+The primary context is made current on each thread before its first driver call, so any thread
+may use a device.
 
 Only construct this backend when ``_driver.cuda_device_count()`` says a GPU exists.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import re
 import tempfile
+import threading
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from cuda.core import Buffer, LaunchConfig, launch
+from cuda.core import Buffer, Event, LaunchConfig, launch
 from cuda.core import Device as CoreDevice
 from cuda.core import Stream as CoreStream
 from cuda.core.graph import GraphDefinition
@@ -34,59 +45,58 @@ from cuda.core.utils import StridedMemoryView
 from .._compile import compile_kernel
 from .._errors import CudaError
 from .._kernel import KernelLaunch
-from .._ops import GraphNode, Memcpy, Memset
+from .._lifetime import note_eager_use
+from .._ops import GraphNode, Join, Memcpy, Memset
 from .._tensor import Tensor
 
 if TYPE_CHECKING:
     from cuda.core.graph import Graph
     from cuda.core.graph import GraphNode as CoreNode
 
-    from .._graph import RecordedNode
+    from .._allocation import Allocation
+    from .._scope import RecordedNode
     from .._stream import Stream
-    from .._tensor import Allocation
 
 _RESULT = re.compile(r"CUDA_ERROR_[A-Z0-9_]+")
 
 
-def cuda_error(operation: str, exc: Exception) -> CudaError:
-    """A CudaError naming the CUresult that cuda.core's exception carries."""
+def cuda_error(operation: str, exc: Exception, last_work: str = "") -> CudaError:
+    """A CudaError naming the CUresult that cuda.core's exception carries (and, since a fault
+    surfaces at a later call, the work submitted last)."""
     found = _RESULT.search(str(exc))
-    return CudaError(operation, found.group(0) if found else type(exc).__name__, str(exc))
-
-
-@contextlib.contextmanager
-def driver_call(operation: str) -> Iterator[None]:
-    """Turn any failure of cuda.core or the driver into a CudaError (for paths off the hot loop)."""
-    try:
-        yield
-    except CudaError:
-        raise
-    except Exception as exc:
-        raise cuda_error(operation, exc) from exc
+    detail = str(exc)
+    if last_work:
+        detail += f"\nthe last work submitted before it: {last_work}"
+    return CudaError(operation, found.group(0) if found else type(exc).__name__, detail)
 
 
 class _CudaExecutable:
     """An instantiated CUDA graph, with the definition nodes that name its kernels for updates."""
 
-    def __init__(self, graph: Graph, definition: GraphDefinition, nodes: list[CoreNode]) -> None:
+    def __init__(self, backend: CudaBackend, graph: Graph, definition: GraphDefinition, nodes: list[CoreNode]) -> None:
+        self.backend = backend
         self.graph = graph
         self.definition = definition
         self.nodes = nodes
 
     def launch(self, stream: Stream) -> None:
+        backend = self.backend
+        backend.make_current()
+        backend.last_work = f"{stream.last_work} on stream #{stream.id}"
         try:
             self.graph.launch(stream.native)  # type: ignore[arg-type]
         except Exception as exc:
-            raise cuda_error("cuGraphLaunch", exc) from exc
+            raise cuda_error("cuGraphLaunch", exc, backend.last_work) from exc
 
     def close(self) -> None:
-        self.graph.close()
+        with contextlib.suppress(Exception):  # after a sticky fault the driver refuses; the process is ending anyway
+            self.graph.close()
 
     def driver_dot(self) -> str:
         """The driver's own DOT dump of the graph definition."""
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "graph.dot")
-            with driver_call("cuGraphDebugDotPrint"):
+            with self.backend.driver_call("cuGraphDebugDotPrint"):
                 self.definition.debug_dot_print(path)
             with open(path) as f:
                 return f.read()
@@ -96,42 +106,86 @@ class CudaBackend:
     name = "cuda"
 
     def __init__(self, index: int) -> None:
-        with driver_call(f"initialising cuda:{index}"):
+        self.last_work = ""
+        self._current = threading.local()
+        with self.driver_call(f"initialising cuda:{index}"):
             self.core = CoreDevice(index)
-            self.core.set_current()
+            self.make_current()
             self.arch = f"sm_{self.core.arch}"
-            # Allocations and frees are ordered on this stream, then waited for, so a tensor
-            # made eagerly is ready for any stream.
+            # Allocations and frees are ordered on this stream; allocations are waited for, so a
+            # tensor made eagerly is ready for any stream.
             self.memory_stream = self.core.create_stream()
+        # Foreign owners kept alive until the events of the work that used them complete. A deque:
+        # retire runs from garbage collection, anywhere, so this takes no lock.
+        self._graveyard: collections.deque[tuple[list[Event], object]] = collections.deque()
+
+    def make_current(self) -> None:
+        """Make this device's primary context current on the calling thread (once per thread)."""
+        if not getattr(self._current, "done", False):
+            self.core.set_current()
+            self._current.done = True
+
+    @contextlib.contextmanager
+    def driver_call(self, operation: str) -> Iterator[None]:
+        """Turn any failure of cuda.core or the driver into a CudaError (for paths off the hot loop)."""
+        try:
+            yield
+        except CudaError:
+            raise
+        except Exception as exc:
+            raise cuda_error(operation, exc, self.last_work) from exc
 
     # -- memory ---------------------------------------------------------------------------
 
-    def allocate(self, nbytes: int) -> object:
-        with driver_call(f"allocating {nbytes} bytes on cuda:{self.core.device_id}"):
+    def allocate(self, nbytes: int) -> tuple[object, int]:
+        self.make_current()
+        self._bury()
+        with self.driver_call(f"allocating {nbytes} bytes on cuda:{self.core.device_id}"):
             buf = self.core.allocate(max(nbytes, 1), stream=self.memory_stream)
             self.memory_stream.sync()
-        return buf
+        return buf, int(buf.handle)
 
-    def release(self, storage: object) -> None:
-        buf: Buffer = storage  # type: ignore[assignment]
-        with driver_call("freeing device memory"):
-            self.core.sync()  # work still queued on any stream may use it
-            buf.close(self.memory_stream)
+    def retire(self, storage: object, users: set[object], borrowed: bool) -> None:
+        """Release memory after the work of every stream in ``users`` (see the module docstring).
+        Runs from free() and from garbage collection, so it never raises."""
+        try:
+            self.make_current()
+            if borrowed:
+                self._graveyard.append(([stream.record() for stream in users], storage))  # type: ignore[attr-defined]
+                self._bury()
+                return
+            for stream in users:
+                self.memory_stream.wait(stream)  # type: ignore[arg-type]
+            storage.close(self.memory_stream)  # type: ignore[attr-defined]
+        except Exception:  # noqa: S110  (a lost context frees everything when the process ends)
+            pass
+
+    def _bury(self) -> None:
+        """Drop the foreign owners whose users have finished."""
+        graveyard = self._graveyard
+        for _ in range(len(graveyard)):
+            try:
+                entry = graveyard.popleft()
+            except IndexError:
+                return
+            if not all(e.is_done for e in entry[0]):
+                graveyard.append(entry)
 
     def address(self, alloc: Allocation) -> int:
-        buf: Buffer = alloc.storage  # type: ignore[assignment]
-        return int(buf.handle)
+        return alloc.address
 
     def _view(self, tensor: Tensor) -> Buffer:
-        """A non-owning Buffer over a tensor's bytes (mr=None: closing it frees nothing)."""
-        return Buffer.from_handle(self.address(tensor.allocation) + tensor.offset, tensor.nbytes, owner=tensor.allocation.storage)
+        """A non-owning Buffer over a tensor's bytes, keeping the allocation alive while it lives."""
+        alloc = tensor.allocation
+        return Buffer.from_handle(alloc.address + tensor.offset, tensor.nbytes, owner=alloc)
 
     def read(self, alloc: Allocation, offset: int, nbytes: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
         host = np.empty(nbytes, np.uint8)
         if nbytes:
-            with driver_call("copying device memory to the host"):
+            self.make_current()
+            with self.driver_call("copying device memory to the host"):
                 self.core.sync()  # waits for pending work on every stream that may write it
-                src = Buffer.from_handle(self.address(alloc) + offset, nbytes, owner=alloc.storage)
+                src = Buffer.from_handle(alloc.address + offset, nbytes, owner=alloc)
                 Buffer.from_handle(host.ctypes.data, nbytes, owner=host).copy_from(src, stream=self.memory_stream)
                 self.memory_stream.sync()
         return host
@@ -140,8 +194,9 @@ class CudaBackend:
         host = np.ascontiguousarray(array, dtype=tensor.dtype.numpy)
         if not tensor.nbytes:
             return
+        self.make_current()
         core_stream: CoreStream = stream.native if stream is not None else self.memory_stream  # type: ignore[assignment]
-        with driver_call("copying host memory to the device"):
+        with self.driver_call("copying host memory to the device"):
             self._view(tensor).copy_from(Buffer.from_handle(host.ctypes.data, tensor.nbytes, owner=host), stream=core_stream)
             # Pageable host memory: wait, so the caller may reuse `array` at once.
             core_stream.sync()
@@ -149,21 +204,30 @@ class CudaBackend:
     # -- streams --------------------------------------------------------------------------
 
     def create_stream(self) -> object:
-        with driver_call("creating a stream"):
+        self.make_current()
+        with self.driver_call("creating a stream"):
             return self.core.create_stream()
 
-    def stream_from_handle(self, obj: object) -> object:
-        if isinstance(obj, CoreStream):
-            return obj
-        with driver_call("wrapping a foreign stream"):
-            return self.core.create_stream(obj)
+    def stream_from_handle(self, obj: object) -> tuple[object, int]:
+        """A cuda.core Stream for a foreign stream, and the index of the device it belongs to."""
+        self.make_current()
+        with self.driver_call("wrapping a foreign stream"):
+            native = obj if isinstance(obj, CoreStream) else self.core.create_stream(obj)
+            return native, int(native.device.device_id)
 
-    def sync_stream(self, native: object) -> None:
-        with driver_call("synchronising a stream"):
-            native.sync()  # type: ignore[attr-defined]
+    def sync_stream(self, stream: Stream) -> None:
+        self.make_current()
+        with self.driver_call(f"synchronising stream #{stream.id}"):
+            stream.native.sync()  # type: ignore[attr-defined]
+
+    def wait_stream(self, waiter: object, waited: object) -> None:
+        """``waiter`` waits (with an event, not the host) for the work queued on ``waited`` so far."""
+        with self.driver_call("ordering two streams"):
+            waiter.wait(waited)  # type: ignore[attr-defined]
 
     def sync(self) -> None:
-        with driver_call("synchronising the device"):
+        self.make_current()
+        with self.driver_call("synchronising the device"):
             self.core.sync()
 
     # -- eager ops ------------------------------------------------------------------------
@@ -178,35 +242,43 @@ class CudaBackend:
         fn = kernel.compiled.get(self)
         if fn is None:
             code = compile_kernel(kernel, self.arch)
-            with driver_call(f"loading kernel `{kernel.name_expression}`"):
+            self.make_current()
+            with self.driver_call(f"loading kernel `{kernel.name_expression}`"):
                 fn = kernel.compiled[self] = code.get_kernel(kernel.name_expression)
-        with driver_call(f"configuring `{kernel.name_expression}`[{op.grid}, {op.block}]"):
+        with self.driver_call(f"configuring `{kernel.name_expression}`[{op.grid}, {op.block}]"):
             config = LaunchConfig(grid=op.grid, block=op.block, shmem_size=op.shmem)
-        args = tuple(self.address(a.allocation) + a.offset if isinstance(a, Tensor) else a for a in op.args)
+        args = tuple(a.allocation.address + a.offset if isinstance(a, Tensor) else a for a in op.args)
         return fn, config, args
 
-    def run_memcpy(self, op: Memcpy, stream: Stream) -> None:
-        with driver_call("memcpy"):
-            self._view(op.dst).copy_from(self._view(op.src), stream=stream.native)  # type: ignore[arg-type]
-
-    def run_memset(self, op: Memset, stream: Stream) -> None:
-        with driver_call("memset"):
-            self._view(op.dst).fill(_fill_value(op.pattern), stream=stream.native)  # type: ignore[arg-type]
-
-    def run_kernel(self, op: KernelLaunch, stream: Stream) -> None:
-        native = op.native
-        if native is None:
-            native = op.native = self._bind(op)
-        fn, config, args = native
+    def run(self, op: GraphNode, stream: Stream) -> None:
+        self.make_current()
+        native_stream = stream.native
+        if op.borrows:
+            note_eager_use(op.borrows, native_stream)
+        self.last_work = stream.last_work = f"`{op.name}` on stream #{stream.id}"
         try:
-            launch(stream.native, config, fn, *args)  # type: ignore[arg-type]
+            if type(op) is KernelLaunch:
+                native = op.native
+                if native is None:
+                    native = op.native = self._bind(op)
+                fn, config, args = native
+                launch(native_stream, config, fn, *args)  # type: ignore[arg-type]
+            elif isinstance(op, Memcpy):
+                if op.dst.nbytes:
+                    self._view(op.dst).copy_from(self._view(op.src), stream=native_stream)  # type: ignore[arg-type]
+            elif isinstance(op, Memset):
+                if op.dst.nbytes:
+                    self._view(op.dst).fill(_fill_value(op.pattern), stream=native_stream)  # type: ignore[arg-type]
+        except CudaError:
+            raise
         except Exception as exc:
-            raise cuda_error(f"launching `{op.name}`", exc) from exc
+            raise cuda_error(f"running `{op.name}` on stream #{stream.id}", exc, self.last_work) from exc
 
     # -- graphs ---------------------------------------------------------------------------
 
     def build(self, nodes: Sequence[RecordedNode], stream: Stream) -> _CudaExecutable:
-        with driver_call("building the graph definition"):
+        self.make_current()
+        with self.driver_call("building the graph definition"):
             definition = GraphDefinition()
             made: list[CoreNode] = []
             for rec in nodes:
@@ -220,38 +292,64 @@ class CudaBackend:
                 if len(deps) > 1:
                     node.pred = [made[d] for d in deps]
                 made.append(node)
-        with driver_call("instantiating the graph"):
+        with self.driver_call("instantiating the graph"):
             graph = definition.instantiate()
             graph.upload(stream.native)  # type: ignore[arg-type]
-        return _CudaExecutable(graph, definition, made)
+        return _CudaExecutable(self, graph, definition, made)
 
     def _add_node(self, parent: Any, op: GraphNode) -> CoreNode:
-        if isinstance(op, KernelLaunch):
+        if type(op) is KernelLaunch:
             if op.native is None:
                 op.native = self._bind(op)
             fn, config, args = op.native
             return parent.launch(config, fn, *args)  # type: ignore[no-any-return]
-        if isinstance(op, Memcpy):
+        # A 0-byte copy or fill is no work (the driver refuses it as a node): an empty node keeps the edges.
+        if isinstance(op, Memcpy) and op.dst.nbytes:
             dst, src = op.dst, op.src
             return parent.memcpy(  # type: ignore[no-any-return]
-                self.address(dst.allocation) + dst.offset, self.address(src.allocation) + src.offset, dst.nbytes
+                dst.allocation.address + dst.offset, src.allocation.address + src.offset, dst.nbytes
             )
-        assert isinstance(op, Memset)
-        dst, pattern = op.dst, op.pattern
-        return parent.memset(  # type: ignore[no-any-return]
-            self.address(dst.allocation) + dst.offset, _fill_value(pattern), dst.nbytes // len(pattern)
-        )
+        if isinstance(op, Memset) and op.dst.nbytes:
+            dst, pattern = op.dst, op.pattern
+            return parent.memset(  # type: ignore[no-any-return]
+                dst.allocation.address + dst.offset, _fill_value(pattern), dst.nbytes // len(pattern)
+            )
+        assert isinstance(op, (Join, Memcpy, Memset))
+        return parent.empty() if isinstance(parent, GraphDefinition) else parent.join()
 
     # -- interop --------------------------------------------------------------------------
 
-    def dlpack(self, tensor: Tensor, stream: int | None) -> object:
+    def _users_of(self, alloc: Allocation) -> set[object]:
+        """Every stream whose queued work may touch ``alloc``'s memory: its eager users and the
+        streams live graphs that pin it were replayed on."""
+        found: set[object] = set()
+        for a in alloc.aliases():
+            found |= a.users
+            for pin in a.pins.values():
+                found |= pin.replayed_on
+        return found
+
+    def ready_stream(self, alloc: Allocation) -> int | None:
+        """A stream on which all work queued on ``alloc`` is complete, for ``__cuda_array_interface__``."""
+        users = self._users_of(alloc)
+        if not users:
+            return None
+        for stream in users:
+            self.wait_stream(self.memory_stream, stream)
+        return int(self.memory_stream.handle)
+
+    def dlpack(self, tensor: Tensor, stream: int | None, options: dict[str, Any]) -> object:
+        if stream is not None and stream != -1:
+            consumer = CoreStream.from_handle(stream)
+            for user in self._users_of(tensor.allocation):
+                self.wait_stream(consumer, user)
+        elif stream is None:
+            self.core.sync()  # DLPack's None: the consumer gives no stream, so the data must be complete
         view = StridedMemoryView.from_buffer(self._view(tensor), tensor.shape, dtype=tensor.dtype.numpy)
-        return view.__dlpack__(stream=stream)
+        return view.__dlpack__(stream=-1, **options)
 
     def dlpack_device(self) -> tuple[int, int]:
         return (2, int(self.core.device_id))  # kDLCUDA
-
-
 def _fill_value(pattern: bytes) -> int | bytes:
     """cuda.core takes an int for a 1-byte fill and a buffer of 2 or 4 bytes otherwise."""
     return pattern[0] if len(pattern) == 1 else pattern

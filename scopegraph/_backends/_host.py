@@ -1,32 +1,64 @@
-"""The host backend: numpy memory, ops run at once, graphs replayed in dependency order.
+"""The host backend: numpy memory, ops run at once, graphs replayed in a random dependency order.
 
 It runs the same records the CUDA backend would, with each kernel's ``@k.host`` reference, so
 the whole library (and users' graph programs) can be tested on machines without a GPU.
-Streams are synchronous here: work runs when it is submitted.
+
+- Streams are synchronous here: work runs when it is submitted, so there is no stream ordering
+  and no deferred release to keep.
+- A replay runs the nodes in a *random valid topological order* of the DAG, a new one each
+  replay, drawn from a seeded generator (:func:`seed_replay_order`; ``SCOPEGRAPH_HOST_SEED``,
+  or the pytest plugin's ``--sg-seed``). A missing dependency edge therefore shows up as a wrong
+  result in tests, reproducibly, instead of hiding behind record order.
+- A reference gets exactly each tensor's view (read-only for shared borrows); an IndexError or
+  ValueError it raises (an access past the view) becomes a BoundsError naming the launch.
 """
 
 from __future__ import annotations
 
+import os
+import random
+import threading
 from collections.abc import Callable, Sequence
+from graphlib import TopologicalSorter
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .._errors import NoHostReferenceError, diagnostic
+from .._errors import BoundsError, NoHostReferenceError, diagnostic
 from .._kernel import KernelLaunch
 from .._ops import GraphNode, Memcpy, Memset
 from .._tensor import Tensor
 
 if TYPE_CHECKING:
-    from .._graph import RecordedNode
+    from .._allocation import Allocation
+    from .._scope import RecordedNode
     from .._stream import Stream
-    from .._tensor import Allocation
 
 NDArray = np.ndarray[Any, np.dtype[Any]]
 
+_order = random.Random()
+_order_lock = threading.Lock()
+replay_seed = 0
+
+
+def seed_replay_order(seed: int | None = None) -> int:
+    """Reseed the generator of host replay orders (None: ``SCOPEGRAPH_HOST_SEED``, else random).
+    Returns the seed, so a failure can be reproduced."""
+    global replay_seed
+    if seed is None:
+        env = os.environ.get("SCOPEGRAPH_HOST_SEED", "")
+        seed = int(env) if env.strip().lstrip("-").isdigit() else random.SystemRandom().randrange(2**32)
+    replay_seed = seed
+    with _order_lock:
+        _order.seed(seed)
+    return seed
+
+
+seed_replay_order()
+
 
 def _array(tensor: Tensor, writable: bool) -> NDArray:
-    """A numpy view of a tensor's memory (read-only for shared borrows)."""
+    """A numpy view of exactly a tensor's bytes (read-only for shared borrows)."""
     storage: NDArray = tensor.allocation.storage  # type: ignore[assignment]
     view = storage[tensor.offset : tensor.offset + tensor.nbytes].view(tensor.dtype.numpy).reshape(tensor.shape)
     if not writable:
@@ -42,40 +74,73 @@ def _thunk(op: GraphNode) -> Callable[[], None]:
     if isinstance(op, Memset):
         dst, value = _array(op.dst, True), op.value
         return lambda: dst.fill(value)
-    assert isinstance(op, KernelLaunch)
+    if not isinstance(op, KernelLaunch):
+        return lambda: None  # a join: nothing to do
     fn = op.kernel.host_fn
     assert fn is not None
     borrows = iter(op.borrows)  # one per tensor argument, in order
     bound = tuple(_array(a, next(borrows).mutable) if isinstance(a, Tensor) else a for a in op.args)
-    return lambda: fn(*bound)
+
+    def run() -> None:
+        try:
+            fn(*bound)
+        except (IndexError, ValueError) as exc:
+            raise BoundsError(
+                diagnostic(
+                    f"the host reference of `{op.name}` failed: {exc}",
+                    [f"launched as {op.name}[{op.grid}, {op.block}]", *(f"{b.param}: {b.tensor.name} {b.tensor.shape}" for b in op.borrows)],
+                    help="the launch reads or writes past a tensor it was given (on a GPU: an illegal address); "
+                    "check its size arguments, or declare them with @sg.kernel(..., touches=...)",
+                )
+            ) from exc
+
+    return run
 
 
 class _HostGraph:
-    """An instantiated host graph: the ops' thunks in a topological (record) order."""
+    """An instantiated host graph: the ops' thunks and the DAG they are replayed in."""
 
-    def __init__(self, thunks: list[Callable[[], None]]) -> None:
+    def __init__(self, thunks: list[Callable[[], None]], deps: list[frozenset[int]]) -> None:
         self.thunks = thunks
+        self.deps = deps
+        self._lock = threading.Lock()
+
+    def order(self) -> list[int]:
+        """A random topological order of the DAG, drawn from the seeded replay generator."""
+        sorter = TopologicalSorter({i: d for i, d in enumerate(self.deps)})
+        sorter.prepare()
+        ready: list[int] = []
+        order: list[int] = []
+        with _order_lock:
+            while sorter.is_active():
+                ready.extend(sorter.get_ready())
+                pick = _order.randrange(len(ready))
+                ready[pick], ready[-1] = ready[-1], ready[pick]
+                node = ready.pop()
+                order.append(node)
+                sorter.done(node)
+        return order
 
     def launch(self, stream: Stream) -> None:
-        for thunk in self.thunks:
-            thunk()
+        thunks = self.thunks
+        with self._lock:
+            for i in self.order():
+                thunks[i]()
 
     def close(self) -> None:
         self.thunks = []
+        self.deps = []
 
 
 class HostBackend:
     name = "host"
 
-    def allocate(self, nbytes: int) -> object:
-        return np.empty(nbytes, np.uint8)
+    def allocate(self, nbytes: int) -> tuple[object, int]:
+        storage = np.empty(nbytes, np.uint8)
+        return storage, int(storage.ctypes.data)
 
-    def release(self, storage: object) -> None:
-        pass  # numpy frees the array once nothing refers to it
-
-    def address(self, alloc: Allocation) -> int:
-        storage: NDArray = alloc.storage  # type: ignore[assignment]
-        return int(storage.ctypes.data)
+    def retire(self, storage: object, users: set[object], borrowed: bool) -> None:
+        pass  # host work is finished when it returns; numpy frees the array with its last reference
 
     def read(self, alloc: Allocation, offset: int, nbytes: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
         storage: NDArray = alloc.storage  # type: ignore[assignment]
@@ -87,10 +152,13 @@ class HostBackend:
     def create_stream(self) -> object:
         return None
 
-    def stream_from_handle(self, obj: object) -> object:
-        return obj
+    def stream_from_handle(self, obj: object) -> tuple[object, int]:
+        raise AssertionError("the host backend has no foreign streams")  # Stream.from_handle asks CUDA
 
-    def sync_stream(self, native: object) -> None:
+    def sync_stream(self, stream: Stream) -> None:
+        pass
+
+    def wait_stream(self, waiter: object, waited: object) -> None:
         pass
 
     def sync(self) -> None:
@@ -106,20 +174,18 @@ class HostBackend:
                 )
             )
 
-    def run_memcpy(self, op: Memcpy, stream: Stream) -> None:
-        _thunk(op)()
-
-    def run_memset(self, op: Memset, stream: Stream) -> None:
-        _thunk(op)()
-
-    def run_kernel(self, op: KernelLaunch, stream: Stream) -> None:
+    def run(self, op: GraphNode, stream: Stream) -> None:
         _thunk(op)()
 
     def build(self, nodes: Sequence[RecordedNode], stream: Stream) -> _HostGraph:
-        return _HostGraph([_thunk(n.op) for n in nodes])
+        return _HostGraph([_thunk(n.op) for n in nodes], [n.deps for n in nodes])
 
-    def dlpack(self, tensor: Tensor, stream: int | None) -> object:
-        return _array(tensor, True).__dlpack__()
+    def ready_stream(self, alloc: Allocation) -> int | None:
+        return None
+
+    def dlpack(self, tensor: Tensor, stream: int | None, options: dict[str, Any]) -> object:
+        # Passing max_version on makes a versioned (DLPack 1.x) capsule, which keeps the array writable.
+        return _array(tensor, True).__dlpack__(**options)
 
     def dlpack_device(self) -> tuple[int, int]:
         return (1, 0)  # kDLCPU

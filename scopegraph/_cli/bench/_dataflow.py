@@ -8,9 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import library
-from .._device import Device
-from .._graph import CudaGraph
+from ... import CudaGraph, Device, library
 from ._timing import time_calls
 
 CHAINS = (1, 2, 4, 8)

@@ -6,7 +6,10 @@ import platform
 import statistics
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ... import Device
 
 
 def time_calls(fn: Callable[[], object], sync: Callable[[], object], calls: int, rounds: int = 5, warmup: int = 2) -> dict[str, float]:
@@ -41,27 +44,21 @@ def once(fn: Callable[[], object], rounds: int = 3) -> float:
     return statistics.median(times)
 
 
-def environment() -> dict[str, Any]:
+def environment(dev: Device) -> dict[str, Any]:
+    """Versions and the device the suites ran on (a package that is missing reads "not installed")."""
     import numpy
 
-    from .. import __version__
-    from .._device import device
+    from ... import __version__
+    from ..info import package_version, probe_driver
 
     env: dict[str, Any] = {"scopegraph": __version__, "python": platform.python_version(), "numpy": numpy.__version__}
-    dev = device()
     env["device"] = str(dev)
     if dev.is_cuda:
-        import cuda.bindings
-        import cuda.core
-
-        core = dev.backend.core  # type: ignore[attr-defined]
-        env |= {"gpu": core.name, "arch": dev.backend.arch, "cuda.core": cuda.core.__version__, "cuda.bindings": cuda.bindings.__version__}  # type: ignore[attr-defined]
-    try:
-        import torch
-
-        env["torch"] = torch.__version__
-    except ImportError:
-        env["torch"] = None
+        gpus = probe_driver().gpus
+        if dev.index < len(gpus):
+            env |= {"gpu": gpus[dev.index].name, "arch": gpus[dev.index].arch}
+        env |= {"cuda.core": package_version("cuda-core"), "cuda.bindings": package_version("cuda-bindings")}
+    env["torch"] = package_version("torch")
     return env
 
 

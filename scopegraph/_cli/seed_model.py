@@ -1,5 +1,7 @@
-"""The seed's model: a stack of layers, each RMSNorm -> Q matvec -> O matvec -> residual add,
-with the hidden state carried in one fixed buffer (``hidden``) that the graph rewrites.
+"""The seed's layer stack, the model that ``python -m scopegraph demo`` and ``bench`` run: layers of
+RMSNorm -> Q matvec -> O matvec -> residual add, with the hidden state carried in one fixed buffer
+(``hidden``) that the graph rewrites. Private: it is a workload for the command line and the tests,
+not a model library; ``examples/transformer_layers.py`` is the same stack written out for users.
 
 Each layer records, exactly as the seed's ``CudaGraph::scope`` example does::
 
@@ -9,7 +11,7 @@ Each layer records, exactly as the seed's ``CudaGraph::scope`` example does::
     residual = hidden + o
     hidden  <- residual            (memcpy)
 
-The demo, the benchmarks, the tests and ``examples/transformer_layers.py`` all build it from here.
+The demo, the benchmarks and the tests build it from here.
 """
 
 from __future__ import annotations
@@ -19,12 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from . import library
-from ._device import Device
-from ._graph import CudaGraph
-from ._ops import GraphNode, memcpy
-from ._stream import Stream
-from ._tensor import Tensor
+from .. import CudaGraph, Device, GraphNode, Stream, Tensor, library, memcpy
 
 NDArray = np.ndarray[Any, np.dtype[Any]]
 

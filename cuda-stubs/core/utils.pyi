@@ -11,7 +11,14 @@ class StridedMemoryView:
     @classmethod
     def from_any_interface(cls, obj: object, stream_ptr: int | None = None) -> StridedMemoryView: ...
     @classmethod
-    def from_buffer(cls, buffer: Buffer, shape: tuple[int, ...], strides: tuple[int, ...] | None = None, *, dtype: numpy.dtype[Any] | None = None) -> StridedMemoryView: ...
+    def from_buffer(
+        cls,
+        buffer: Buffer,
+        shape: tuple[int, ...],
+        strides: tuple[int, ...] | None = None,
+        *,
+        dtype: numpy.dtype[Any] | None = None,
+    ) -> StridedMemoryView: ...
     @property
     def shape(self) -> tuple[int, ...]: ...
     @property
@@ -26,5 +33,14 @@ class FileStreamProgramCache:
     def __setitem__(self, key: bytes | str, value: bytes | ObjectCode) -> None: ...
 
 def make_program_cache_key(
-    *, code: str | bytes, code_type: str, options: ProgramOptions, target_type: str, name_expressions: tuple[str, ...] = ...
+    *,
+    code: str | bytes,
+    code_type: str,
+    options: ProgramOptions,
+    target_type: str,
+    name_expressions: tuple[str, ...] = ...,
+    extra_digest: bytes | None = None,
 ) -> bytes: ...
+
+# Incomplete: names not listed here are Any, so code beyond scopegraph's use still type-checks.
+def __getattr__(name: str) -> Any: ...

@@ -1,18 +1,21 @@
 """``python -m scopegraph bench``: the benchmark suites, a JSON file, a table and (with matplotlib) plots.
 
 Every figure is measured side by side in one run; compare ratios, not absolute times across
-machines. On the host backend only the record-cost suite means anything.
+machines. On the host backend only the record-cost suites (build, record) mean anything.
+A figure that was not measured (PyTorch missing, or a GPU-only comparison on the host) is
+left out of its JSON row and shown as ``-`` in the table, in every suite alike.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .._device import device
-from . import _build, _dataflow, _launch, _model
+from ... import Device
+from . import _build, _dataflow, _launch, _model, _record
 from ._timing import environment, ratio, us
 
 SUITES: dict[str, Callable[..., dict[str, Any]]] = {
@@ -20,17 +23,20 @@ SUITES: dict[str, Callable[..., dict[str, Any]]] = {
     "model": _model.run,
     "build": _build.run,
     "dataflow": _dataflow.run,
+    "record": _record.run,
 }
 
 
-def run(out_dir: Path, quick: bool = False, only: list[str] | None = None, device_spec: str | None = None) -> dict[str, Any]:
-    dev = device(device_spec)
-    results: dict[str, Any] = {"environment": environment(), "quick": quick}
+def run(out_dir: Path, dev: Device, quick: bool = False, only: list[str] | None = None) -> dict[str, Any]:
+    """Run the suites (all, or those in ``only``) on ``dev``; write bench.json, bench.txt and plots."""
+    results: dict[str, Any] = {"environment": environment(dev), "quick": quick}
     for name, suite in SUITES.items():
         if only and name not in only:
             continue
         print(f"running {name} ...", flush=True)
+        t0 = time.perf_counter()
         results[name] = suite(dev, quick)
+        print(f"  {name} done in {time.perf_counter() - t0:.1f} s", flush=True)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "bench.json").write_text(json.dumps(results, indent=2))
     table = format_table(results)
@@ -43,7 +49,10 @@ def run(out_dir: Path, quick: bool = False, only: list[str] | None = None, devic
 def format_table(r: dict[str, Any]) -> str:
     lines = ["# scopegraph benchmarks", "", "environment: " + ", ".join(f"{k}={v}" for k, v in r["environment"].items())]
     if r["environment"]["device"] == "host":
-        lines.append("NOTE: host backend: only the record cost below means anything; GPU timings need a GPU.")
+        lines.append("NOTE: host backend: only the record costs (sections 3, 5 and 6) mean anything; GPU timings need a GPU.")
+        lines.append("'-' marks a figure not measured: the PyTorch and cuda.core comparisons run on CUDA only.")
+    elif r["environment"]["torch"] == "not installed":
+        lines.append("'-' marks a figure not measured: PyTorch is not installed.")
     if "launch" in r:
         lines += ["", "## 1. launch overhead: N dependent tiny kernels (x += 1), microseconds per node (wall; CPU submit)",
                   f"{'N':>6} {'sg eager':>20} {'sg graph':>20} {'cuda.core graph':>20} {'sg/core':>8} {'cuda.core eager':>20} {'torch eager':>20} {'torch graph':>20}"]
@@ -62,8 +71,8 @@ def format_table(r: dict[str, Any]) -> str:
             tg = row.get("torch_graph_tok_s")
             lines.append(
                 f"{row['d']:>5} {row['n_layers']:>6} {row['sg_eager_tok_s']:>10.0f} {row['sg_graph_tok_s']:>10.0f} {row['graph_over_eager']:>11.2f} "
-                f"{row.get('torch_eager_tok_s', 0):>11.0f} {tg or 0:>11.0f} {ratio(row['sg_graph_tok_s'], tg):>14} "
-                f"{row['graph_bandwidth'] / 1e9:>8.0f} {row.get('graph_fraction_of_copy', 0):>8.1%}"
+                f"{num(row.get('torch_eager_tok_s'), '.0f'):>11} {num(tg, '.0f'):>11} {ratio(row['sg_graph_tok_s'], tg):>14} "
+                f"{row['graph_bandwidth'] / 1e9:>8.0f} {num(row.get('graph_fraction_of_copy'), '.1%'):>8}"
             )
         if "copy_bandwidth" in m:
             copies = ", ".join(f"{k} {v / 1e9:.0f}" for k, v in m["copy_bandwidths"].items())
@@ -82,7 +91,25 @@ def format_table(r: dict[str, Any]) -> str:
                   f"{'chains':>6} {'dataflow ms':>12} {'program ms':>12} {'speedup':>8}"]
         for row in r["dataflow"]["rows"]:
             lines.append(f"{row['chains']:>6} {row['dataflow_s'] * 1e3:>12.3f} {row['program_s'] * 1e3:>12.3f} {row['speedup']:>8.2f}")
+    if "record" in r:
+        rec = r["record"]
+        lines += ["", f"## 5. record cost per op, partial writes: op i writes row x[i] ({rec['row_floats']} floats) of one allocation; "
+                  "op built inside the clock",
+                  f"{'ops':>6} {'memset us/op':>12} {'kernel us/op':>12} {'edges':>6} {'memset build ms':>15} {'kernel build ms':>15}"]
+        for row in rec["partial_writes"]:
+            lines.append(f"{row['n']:>6} {row['memset_us_per_op']:>12.2f} {row['kernel_us_per_op']:>12.2f} {row['edges']:>6} "
+                         f"{row['memset_build_s'] * 1e3:>15.2f} {row['kernel_build_s'] * 1e3:>15.2f}")
+        a = rec["after_readers"]
+        lines += ["", f"## 6. small writes after {a['readers']} readers: {a['writes']} one-row writes of x after {a['readers']} ops that read all of x",
+                  f"{'readers':>7} {'writes':>6} {'us/write':>9} {'edges/write':>11} {'last write edges':>16} {'join nodes':>10}",
+                  f"{a['readers']:>7} {a['writes']:>6} {a['us_per_write']:>9.2f} {a['edges_per_write']:>11.1f} "
+                  f"{a['last_write_edges']:>16} {a['extra_nodes']:>10}"]
     return "\n".join(lines) + "\n"
+
+
+def num(value: float | None, spec: str) -> str:
+    """``value`` formatted, or ``-`` when it was not measured."""
+    return "-" if value is None else format(value, spec)
 
 
 def plot(r: dict[str, Any], out_dir: Path) -> None:

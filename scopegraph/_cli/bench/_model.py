@@ -9,14 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from .. import library
-from .._device import Device
-from .._dtypes import i64
-from .._graph import CudaGraph
-from .._kernel import kernel
-from .._ops import memcpy
-from .._tensor import Mut, Tensor
-from ..transformer import Config, LayerStack
+from ... import CudaGraph, Device, Mut, Tensor, i64, kernel, library, memcpy
+from ..seed_model import Config, LayerStack
 from ._timing import time_calls
 
 LAYERS = (1, 2, 4, 8, 22)

@@ -6,9 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, cast
 
-from .. import library
-from .._device import Device
-from .._graph import CudaGraph
+from ... import CudaGraph, Device, library
 from ._timing import time_calls
 
 if TYPE_CHECKING:

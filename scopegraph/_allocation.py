@@ -1,0 +1,182 @@
+"""Allocations and memory identity.
+
+An :class:`Allocation` is one block of memory a tensor lives in: memory scopegraph allocated
+(owned) or another library's memory it wraps (borrowed: DLPack, ``__cuda_array_interface__``,
+numpy). Identity is memory, not wrappers: every borrow and every dependency is a range of
+*device addresses* (``alloc.address + offset``), so two wrappers of the same torch tensor, or of
+overlapping views of it, conflict exactly where their bytes overlap.
+
+Each device keeps a :class:`MemoryMap` of live allocations, grouped into *regions*: maximal sets of
+allocations whose address ranges overlap. A scopegraph allocation is a region of its own; foreign
+wrappers of one buffer share a region. Rules that concern memory rather than one wrapper (frozen
+bytes, graphs that write a range) consult the allocation's region, so they hold whichever wrapper
+the user passes. The region lookup is an interval search over a ``SortedDict`` of disjoint
+regions, made once when an allocation is created, never on the record path.
+
+Who owns what: an owned allocation's storage (a cuda.core ``Buffer`` or a numpy array) is released
+by ``_lifetime`` once the allocation is freed or collected *and* the GPU work that used it has
+finished. Borrowed storage is never freed by scopegraph; the foreign object is kept alive until
+the same point.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import threading
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Final
+
+from sortedcontainers import SortedDict
+
+if TYPE_CHECKING:
+    from ._device import Device
+    from ._lifetime import Pin
+
+_allocation_ids = itertools.count(1)
+
+
+class Region:
+    """Live allocations whose address ranges overlap (transitively), and the span they cover."""
+
+    __slots__ = ("start", "end", "members", "frozen")
+
+    def __init__(self, start: int, end: int) -> None:
+        self.start = start
+        self.end = end
+        # allocation id -> weak reference: the map must not keep wrappers alive.
+        self.members: dict[int, weakref.ref[Allocation]] = {}
+        # How many frozen ranges the members hold: the frozen check is skipped while it is 0.
+        self.frozen = 0
+
+    def allocations(self) -> list[Allocation]:
+        return [a for ref in self.members.values() if (a := ref()) is not None]
+
+
+class MemoryMap:
+    """One device's live allocations by address, as disjoint regions (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._regions: SortedDict[int, Region] = SortedDict()
+        self._lock = threading.Lock()
+        # Releases reported by finalizers, applied under the lock by the next register. A
+        # finalizer may run inside register (garbage collection), so it must never take the lock.
+        self._released: collections.deque[tuple[int, int, list[tuple[int, int]]]] = collections.deque()
+
+    def register(self, alloc: Allocation) -> None:
+        start, end = alloc.address, alloc.address + alloc.nbytes
+        if start == end:
+            return  # an empty range overlaps nothing: the allocation keeps its private region
+        with self._lock:
+            self._apply_releases()
+            regions = self._regions
+            touching: list[Region] = []
+            i = regions.bisect_left(start) - 1  # the last region that starts before `start`
+            if i >= 0:
+                before = regions.peekitem(i)[1]
+                if before.end > start:
+                    touching.append(before)
+            touching.extend(regions[k] for k in regions.irange(start, end, inclusive=(True, False)))
+            if not touching:
+                region = alloc.region
+                region.start, region.end = start, end
+            else:
+                region = Region(min(start, touching[0].start), max(end, touching[-1].end))
+                for old in touching:
+                    del regions[old.start]
+                    for member in old.allocations():
+                        member.region = region
+                        region.members[member.id] = weakref.ref(member)
+                    region.frozen += old.frozen
+                region.frozen += alloc.region.frozen
+                alloc.region = region
+            region.members[alloc.id] = weakref.ref(alloc)
+            regions[region.start] = region
+
+    def unregister(self, address: int, alloc_id: int, frozen: list[tuple[int, int]]) -> None:
+        """Called when an allocation is released (it may already be garbage, so by id and address)."""
+        self._released.append((address, alloc_id, frozen))
+        if self._lock.acquire(blocking=False):
+            try:
+                self._apply_releases()
+            finally:
+                self._lock.release()
+
+    def _apply_releases(self) -> None:
+        regions = self._regions
+        while self._released:
+            address, alloc_id, frozen = self._released.popleft()
+            i = regions.bisect_right(address) - 1
+            if i < 0:
+                continue
+            region = regions.peekitem(i)[1]
+            if region.members.pop(alloc_id, None) is None:
+                continue
+            region.frozen -= len(frozen)
+            if not region.members:
+                del regions[region.start]
+
+    def __len__(self) -> int:
+        return len(self._regions)
+
+
+class Allocation:
+    """One block of device (or host-backend) memory and the bookkeeping the ownership rules need."""
+
+    __slots__ = (
+        "id",
+        "device",
+        "address",
+        "nbytes",
+        "storage",
+        "name",
+        "borrowed",
+        "freed",
+        "pins",
+        "frozen",
+        "region",
+        "users",
+        "release",
+        "__weakref__",
+    )
+
+    def __init__(self, device: Device, nbytes: int, storage: object, address: int, name: str | None, borrowed: bool) -> None:
+        self.id: Final = next(_allocation_ids)
+        self.device: Final = device
+        # The device address of byte 0: borrows and dependencies are ranges of addresses.
+        self.address: Final = address
+        self.nbytes: Final = nbytes
+        # Backend-specific: a numpy uint8 array on the host backend, a cuda.core Buffer on CUDA.
+        self.storage: object = storage
+        self.name = name
+        self.borrowed: Final = borrowed
+        self.freed = False
+        # Holder id -> the graph or open scope that pins this allocation (see _lifetime.Pin).
+        self.pins: dict[int, Pin] = {}
+        # Absolute address ranges made read-only by Tensor.freeze().
+        self.frozen: list[tuple[int, int]] = []
+        self.region = Region(address, address + nbytes)
+        # Native streams that ran work on this memory: its release waits for them (_lifetime).
+        self.users: set[object] = set()
+        # Set by _lifetime.track: releases the storage once the GPU is done with it. Idempotent.
+        self.release: Callable[[], object] | None = None
+
+    @property
+    def label(self) -> str:
+        return self.name or f"#{self.id}"
+
+    def frozen_overlap(self, start: int, end: int) -> tuple[int, int] | None:
+        """A frozen range of this allocation's region that overlaps [start, end), if any."""
+        if not self.region.frozen:
+            return None
+        for member in self.region.allocations():
+            for s, e in member.frozen:
+                if s < end and start < e:
+                    return s, e
+        return None
+
+    def aliases(self) -> list[Allocation]:
+        """Every live allocation whose memory may overlap this one's (itself included)."""
+        found = self.region.allocations()
+        return found if found else [self]

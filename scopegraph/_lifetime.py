@@ -1,0 +1,135 @@
+"""Lifetimes: pins (Python lifetime) and device lifetime, the whole policy in one place.
+
+Two rules keep memory valid while the GPU uses it:
+
+1. **Pins.** A graph, and a scope while it records, *pins* every allocation its ops touch: the
+   :class:`Pin` is listed in ``alloc.pins``, the graph holds the tensors (so dropping the user's
+   names frees nothing) and ``free()`` is refused. ``graph.close()``, or collection of the graph,
+   unpins.
+2. **Device lifetime.** Memory goes back to the pool only after every piece of GPU work that used
+   it has finished. Each allocation records the native streams that ran work on it
+   (``alloc.users``: eager ops, and at unpin the streams its graphs were replayed on). Its
+   release (:func:`track`: on ``free()``, or when the allocation is collected) hands the storage
+   to the backend's ``retire``, which orders the free after that work with events and
+   stream-ordered deallocation. Nothing synchronises the device.
+
+Ordering between streams is kept here too (:func:`order_replay`): a replay waits for eager work
+on the graph's memory from other streams since its last replay (``graph.update`` included), and
+for its own previous replay when it moves to another stream, so a graph never overlaps itself.
+The host backend runs work synchronously, so it keeps no stream bookkeeping at all.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ._allocation import Allocation, MemoryMap
+    from ._backends._base import Backend
+    from ._borrow import Borrow
+
+
+class Pin:
+    """What one graph or open scope holds on the allocations it uses.
+
+    ``writes`` lists the absolute ranges it writes (``freeze()`` is refused on them);
+    ``pending`` the streams that ran eager work on its memory since its last replay;
+    ``replayed_on`` every stream it was replayed on (the release of its memory waits for them).
+    """
+
+    __slots__ = ("description", "allocations", "writes", "pending", "replayed_on", "last_stream")
+
+    def __init__(self, description: str) -> None:
+        self.description = description
+        self.allocations: dict[int, Allocation] = {}
+        self.writes: list[tuple[int, int]] = []
+        self.pending: set[object] = set()
+        self.replayed_on: set[object] = set()
+        self.last_stream: object = None
+
+    def add(self, borrows: Iterable[Borrow]) -> None:
+        """Pin what an op touches (and, for foreign memory, every wrapper of the same bytes)."""
+        held = self.allocations
+        key = id(self)
+        for b in borrows:
+            alloc = b.alloc
+            if b.mutable and b.start != b.end:
+                self.writes.append((b.start, b.end))
+            if alloc.id in held:
+                continue
+            for a in alloc.aliases() if len(alloc.region.members) > 1 else (alloc,):
+                held[a.id] = a
+                a.pins[key] = self
+
+    def writes_to(self, start: int, end: int) -> bool:
+        return any(s < end and start < e for s, e in self.writes)
+
+    def release(self) -> None:
+        """Unpin; the memory's eventual release waits for every replay of this holder."""
+        key = id(self)
+        streams = self.replayed_on
+        for alloc in self.allocations.values():
+            alloc.pins.pop(key, None)
+            alloc.users |= streams
+        self.allocations = {}
+
+
+def note_eager_use(borrows: Iterable[Borrow], native_stream: object) -> None:
+    """Eager work was enqueued on ``native_stream``: the memory's release, and the next replay of
+    any graph that pins it, must wait for that stream."""
+    for b in borrows:
+        alloc = b.alloc
+        alloc.users.add(native_stream)
+        if alloc.pins or len(alloc.region.members) > 1:
+            for a in alloc.aliases():
+                for pin in a.pins.values():
+                    pin.pending.add(native_stream)
+
+
+def order_replay(pin: Pin, native_stream: object, backend: Backend) -> None:
+    """Make ``native_stream`` wait for what must precede a replay of ``pin``'s graph on it."""
+    last = pin.last_stream
+    if last is not None and last is not native_stream:
+        backend.wait_stream(native_stream, last)
+    if pin.pending:
+        for other in pin.pending:
+            if other is not native_stream and other is not last:
+                backend.wait_stream(native_stream, other)
+        pin.pending.clear()
+    pin.last_stream = native_stream
+    pin.replayed_on.add(native_stream)
+
+
+def track(alloc: Allocation, memory_map: MemoryMap) -> None:
+    """Register ``alloc`` by address and arrange its release (see the module docstring)."""
+    memory_map.register(alloc)
+    release = weakref.finalize(
+        alloc,
+        _release,
+        alloc.device.backend,
+        memory_map,
+        alloc.storage,
+        alloc.users,
+        alloc.borrowed,
+        alloc.address,
+        alloc.id,
+        alloc.frozen,
+    )
+    release.atexit = False  # at exit the driver may be gone; the process frees everything anyway
+    alloc.release = release
+
+
+def _release(
+    backend: Backend,
+    memory_map: MemoryMap,
+    storage: object,
+    users: set[object],
+    borrowed: bool,
+    address: int,
+    alloc_id: int,
+    frozen: list[tuple[int, int]],
+) -> None:
+    memory_map.unregister(address, alloc_id, frozen)
+    backend.retire(storage, users, borrowed)

@@ -1,0 +1,209 @@
+"""The command line: --version, info, help text, argument refusals, progress output, bench rows.
+
+Fast: everything runs on the host backend at tiny sizes, in-process where it can.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import scopegraph as sg
+from scopegraph.__main__ import build_parser, main
+from scopegraph._cli import progress
+from scopegraph._cli.bench import format_table
+from scopegraph._cli.info import probe_driver
+
+ROOT = Path(__file__).resolve().parents[1]
+HAS_GPU = bool(probe_driver().gpus)
+
+
+def run_main(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """``main(argv)`` in-process: exit status, stdout, stderr."""
+    try:
+        code = main(argv, prog="python -m scopegraph")
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_version_through_python_m() -> None:
+    done = subprocess.run([sys.executable, "-m", "scopegraph", "--version"], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"scopegraph {sg.__version__}\n"
+
+
+def test_info_reports_versions_driver_device_and_cache(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SCOPEGRAPH_DEVICE", "host")
+    code, out, err = run_main(["info"], capsys)
+    assert code == 0 and not err
+    fields = {line.split("  ", 1)[0]: line.split("  ", 1)[1].strip() for line in out.splitlines()}
+    assert fields["scopegraph"].startswith(sg.__version__)
+    for name in ("python", "numpy", "cuda.core", "cuda.bindings", "nvrtc", "driver", "kernel cache", "torch"):
+        assert fields[name], name
+    assert fields["default device"] == "host (SCOPEGRAPH_DEVICE=host is set)"
+    if HAS_GPU:
+        assert "sm_" in fields["cuda:0"]
+    else:
+        assert fields["gpus"] == "none"
+
+
+def test_info_names_a_bad_environment_device(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SCOPEGRAPH_DEVICE", "bogus")
+    code, out, _ = run_main(["info"], capsys)
+    assert code == 0
+    assert "SCOPEGRAPH_DEVICE='bogus' is set but is not a device" in out
+
+
+@pytest.mark.parametrize("command", [[], ["info"], ["demo"], ["bench"]])
+def test_help_is_plain_text(command: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_main([*command, "--help"], capsys)
+    assert code == 0
+    assert "usage: python -m scopegraph" in out
+    assert "``" not in out
+
+
+def test_every_option_and_command_has_help() -> None:
+    parser = build_parser("python -m scopegraph")
+    parsers = [parser]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action._get_subactions():
+                assert sub.help, sub.dest
+            parsers += list(action.choices.values())
+    for p in parsers:
+        assert p.description and "``" not in p.description, p.prog
+        for action in p._actions:
+            if not isinstance(action, argparse._SubParsersAction):
+                assert action.help and "``" not in action.help, (p.prog, action.dest)
+
+
+REFUSED = [
+    (["demo", "--layers", "0"], "argument --layers: must be at least 1, got 0"),
+    (["demo", "--d", "0"], "argument --d: must be at least 1, got 0"),
+    (["demo", "--tokens", "0"], "argument --tokens: must be at least 1, got 0"),
+    (["demo", "--layers", "-3"], "argument --layers: must be at least 1, got -3"),
+    (["demo", "--d", "-1"], "argument --d: must be at least 1, got -1"),
+    (["demo", "--tokens", "many"], "argument --tokens: expected a positive whole number, got 'many'"),
+    (["demo", "--device", "bogus"], "argument --device: expected host, cuda or cuda:N, got 'bogus'"),
+    (["bench", "--device", "gpu"], "argument --device: expected host, cuda or cuda:N, got 'gpu'"),
+    (["demo", "--device", "cuda:64"], "argument --device: selecting device 'cuda:64' failed"),
+    (["bench", "--only", "nothing"], "argument --only: invalid choice: 'nothing'"),
+    ([], "the following arguments are required: COMMAND"),
+]
+if not HAS_GPU:
+    REFUSED.append((["demo", "--device", "cuda"], "argument --device: selecting device 'cuda' failed"))
+
+
+@pytest.mark.parametrize(("argv", "message"), REFUSED, ids=[" ".join(a) or "nothing" for a, _ in REFUSED])
+def test_bad_arguments_are_refused_in_one_line(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run_main(argv, capsys)
+    assert code == 2
+    assert not out
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith("python -m scopegraph") and message in err, err
+    assert "--help)" in err
+
+
+def test_a_bad_environment_device_is_refused_in_one_line(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SCOPEGRAPH_DEVICE", "bogus")
+    code, _, err = run_main(["demo", "--tokens", "1"], capsys)
+    assert code == 2
+    assert err.count("\n") == 1 and err.startswith("python -m scopegraph demo: error: SCOPEGRAPH_DEVICE='bogus'"), err
+
+
+def test_progress_to_a_log_is_one_line_per_step() -> None:
+    out = io.StringIO()
+    calls: list[int] = []
+    seconds = progress.timed_loop("graph", 5, lambda: calls.append(1), lambda: None, out=out)
+    assert len(calls) == 5 and seconds >= 0
+    lines = out.getvalue().splitlines()
+    assert [line.split()[:2] for line in lines] == [["graph", f"{i}/5"] for i in range(1, 6)]
+    assert "\r" not in out.getvalue()
+
+
+def test_progress_of_a_long_loop_reports_every_step_up_to_the_total() -> None:
+    out = io.StringIO()
+    progress.timed_loop("eager", 100, lambda: None, lambda: None, steps=8, out=out)
+    counts = [line.split()[1] for line in out.getvalue().splitlines()]
+    assert counts == [f"{n}/100" for n in (13, 26, 39, 52, 64, 76, 88, 100)]
+    assert progress.step_sizes(100, 8) == [13, 13, 13, 13, 12, 12, 12, 12]
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_in_a_terminal_without_tqdm_is_plain_lines(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(progress, "_tqdm", lambda: None)
+    out = Terminal()
+    progress.timed_loop("graph", 3, lambda: None, lambda: None, out=out)
+    assert len(out.getvalue().splitlines()) == 3 and "\r" not in out.getvalue()
+
+
+def test_progress_in_a_terminal_uses_tqdm() -> None:
+    pytest.importorskip("tqdm")
+    out = Terminal()
+    progress.timed_loop("graph", 3, lambda: None, lambda: None, out=out)
+    assert "\r" in out.getvalue() and "3/3" in out.getvalue()
+
+
+def test_demo_log_output_has_a_line_per_step() -> None:
+    """Through a pipe, as in a log: every step of both loops is a line, with no carriage return."""
+    done = subprocess.run(
+        [sys.executable, "-m", "scopegraph", "demo", "--device", "host", "--d", "32", "--layers", "2", "--tokens", "8"],
+        capture_output=True, text=True, cwd=ROOT, timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "\r" not in done.stdout
+    lines = done.stdout.splitlines()
+    assert [line.split()[1] for line in lines if line.split()[0] == "graph"][:8] == [f"{i}/8" for i in range(1, 9)]
+    assert [line.split()[1] for line in lines if line.split()[0] == "eager"][:4] == [f"{i}/4" for i in range(1, 5)]
+    assert "2 layers" in lines[0] and "d=32" in lines[0]
+    assert "validation:" in done.stdout and ": OK" in done.stdout
+
+
+def test_demo_states_the_smaller_host_default(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_main(["demo", "--device", "host", "--layers", "1", "--tokens", "1"], capsys)
+    assert code == 0
+    assert "d=256" in out.splitlines()[0]
+    assert "the seed's model is d=2048: pass --d 2048 for the full size" in out
+
+
+def test_bench_record_rows_on_the_host(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_main(["bench", "--quick", "--only", "record", "--device", "host", "--out", str(tmp_path)], capsys)
+    assert code == 0
+    result = json.loads((tmp_path / "bench.json").read_text())
+    assert result["environment"]["device"] == "host" and set(result) == {"environment", "quick", "record"}
+    rows = result["record"]["partial_writes"]
+    assert [row["n"] for row in rows] == [1000, 4000]
+    for row in rows:
+        assert row["memset_us_per_op"] > 0 and row["kernel_us_per_op"] > 0
+        assert row["edges"] == 0 and row["kernel_edges"] == 0  # disjoint rows need no ordering
+    after = result["record"]["after_readers"]
+    assert after["readers"] == 2000 and after["us_per_write"] > 0
+    assert after["edges_per_write"] >= 1 and after["last_write_edges"] >= 1  # each write follows the readers
+    table = (tmp_path / "bench.txt").read_text()
+    assert "## 5. record cost per op, partial writes" in table and "## 6. small writes after 2000 readers" in table
+    assert table in out
+
+
+def test_missing_figures_read_the_same_in_every_table() -> None:
+    env = {"device": "cuda:0", "torch": "not installed"}
+    row = {"sg_eager": {"wall": 1e-5, "submit": 1e-6}, "sg_graph": {"wall": 1e-6, "submit": 1e-7}, "n": 10}
+    model = {"d": 2048, "n_layers": 22, "sg_eager_tok_s": 1000.0, "sg_graph_tok_s": 2000.0, "graph_over_eager": 2.0,
+             "weight_bytes": 1, "graph_bandwidth": 1e12}
+    table = format_table({"environment": env, "launch": {"rows": [row]}, "model": {"d": 2048, "rows": [model]}})
+    launch_line, model_line = (line for line in table.splitlines() if line.strip().startswith(("10 ", "2048 ")))
+    assert launch_line.split()[-2:] == ["-", "-"]  # torch eager, torch graph
+    assert model_line.split()[5:8] == ["-", "-", "-"]  # torch eager, torch graph, sg/torch
+    assert " 0 " not in model_line
+    assert "PyTorch is not installed" in table
