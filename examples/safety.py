@@ -18,6 +18,8 @@ def attempt(title: str, step: Callable[[sg.Scope], object], stream: sg.Stream) -
             step(s)
     except sg.ScopeGraphError as err:
         print(f"--- {title}: {type(err).__name__}\n{err}\n")
+    else:
+        print(f"--- {title}: NOT CAUGHT (the graph was built)\n")
 
 
 def main() -> None:

@@ -78,10 +78,10 @@ class CudaError(ScopeGraphError):
     """A driver call failed. ``result`` is the CUresult name, ``operation`` what was being done;
     ``context_lost`` is true after a sticky fault (the process must restart to use the GPU)."""
 
-    def __init__(self, operation: str, result: str, detail: str = "") -> None:
+    def __init__(self, operation: str, result: str, detail: str = "", context_lost: bool = False) -> None:
         self.operation = operation
         self.result = result
-        self.context_lost = result in STICKY_RESULTS
+        self.context_lost = context_lost or result in STICKY_RESULTS
         lines = [f"{operation} failed: {result}"]
         if detail.strip():
             lines.append(detail.strip())

@@ -1,4 +1,8 @@
-"""pytest support for programs that use scopegraph (registered through the ``pytest11`` entry point).
+"""pytest support for programs that use scopegraph.
+
+A project opts in (nothing is registered for other projects): ``pytest_plugins =
+["scopegraph.pytest_plugin"]`` in its top-level ``conftest.py``, or ``pytest -p
+scopegraph.pytest_plugin``.
 
 Fixtures:
 

@@ -1,3 +1,2 @@
-# The plugin is also registered by the package's pytest11 entry point; listing it here makes the
-# suite work from a plain checkout (PYTHONPATH) too. Same name, so pytest registers it once.
+# The suite opts in to scopegraph's pytest plugin, as a user's project does (it is not registered globally).
 pytest_plugins = ["scopegraph.pytest_plugin"]

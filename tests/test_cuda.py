@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import scopegraph as sg
-from scopegraph import CudaGraph, library
+from scopegraph import CudaGraph, Mut, Tensor, library
 from scopegraph._cli.seed_model import Config, LayerStack, relative_error
 
 pytestmark = pytest.mark.cuda
@@ -76,12 +76,22 @@ def test_template_instantiations_compile_once(cuda: sg.Device) -> None:
     np.testing.assert_allclose(out.numpy(), 2.0, rtol=1e-6)
 
 
+BOUNDED = 'extern "C" __global__ void __launch_bounds__(64) bounded(float* x) { x[threadIdx.x] = 1.0f; }'
+
+
+@sg.kernel(BOUNDED)
+def bounded(x: Mut[Tensor]) -> None: ...
+
+
 def test_bad_launch_is_a_cuda_error_and_the_stream_survives(cuda: sg.Device) -> None:
+    """A launch every GPU accepts in general but this kernel refuses (its __launch_bounds__):
+    the driver's error becomes a CudaError naming the launch, and the stream stays usable."""
     stream = cuda.stream()
-    x = cuda.zeros((4,), name="x")
+    x = cuda.zeros((128,), name="x")
     with pytest.raises(sg.CudaError) as info:
-        stream.run(library.fill[1, 4096](x.mut(), 1.0, 4))  # more threads per block than the GPU has
-    assert info.value.result.startswith("CUDA_ERROR_") and "fill" in info.value.operation
+        stream.run(bounded[1, 128](x.mut()))
+    assert info.value.result.startswith("CUDA_ERROR_") and "bounded" in info.value.operation
+    assert not info.value.context_lost
     stream.run(library.fill_op(x.mut(), 1.0))
     stream.sync()
     np.testing.assert_array_equal(x.numpy(), 1.0)

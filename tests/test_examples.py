@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -20,18 +21,39 @@ EXAMPLES = {
 }
 
 
+# What each example claims, as lines (or regular expressions) its output must contain.
+CLAIMS: dict[str, list[str]] = {
+    "quickstart.py": [r"y = \[ 0\.  6\. 12\. 18\. 24\. 30\. 36\. 42\.\]", r"n0 \[label="],
+    "safety.py": [
+        r"--- allocating inside a graph: NotAGraphNodeError\ncannot record `sg.zeros` in a graph",
+        r"--- aliasing a write with a read: BorrowError\ncannot borrow `x\[256:768\]` as immutable",
+        r"--- writing frozen weights: BorrowError\ncannot borrow `weights` as mutable in `fill`: it is frozen",
+        r"--- eager work on the recording stream: ScopeStateError\ncannot run `memset` on stream #\d+ while a scope",
+        r"--- freeing a tensor a live graph uses: LifetimeError\ncannot free `x` while it is in use",
+        r"the stream is still usable",
+    ],
+    "dataflow.py": [
+        r"dataflow: 200 nodes, 4 root\(s\), 196 edges",
+        r" program: 200 nodes, 1 root\(s\), 199 edges",
+    ],
+    "transformer_layers.py": [r"2 layers, d=128, on \S+: 10 graph nodes", r"graph vs eager: 0\.00e\+00; graph vs float64 numpy: \d\.\d\de-0[5-9]"],
+}
+
+
 @pytest.mark.parametrize("name", sorted(EXAMPLES))
-def test_example_runs(name: str, sg_device: sg.Device) -> None:
+def test_example_runs_and_shows_what_it_claims(name: str, sg_device: sg.Device) -> None:
     done = subprocess.run(
         [sys.executable, str(ROOT / "examples" / name), *EXAMPLES[name]],
         capture_output=True, text=True, timeout=300, env={**os.environ, "SCOPEGRAPH_DEVICE": str(sg_device)},
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip()
+    assert "NOT CAUGHT" not in done.stdout
+    for claim in CLAIMS[name]:
+        assert re.search(claim, done.stdout), f"{name} should print {claim!r}; it printed:\n{done.stdout}"
 
 
 def test_every_example_is_tested() -> None:
-    assert {p.name for p in (ROOT / "examples").glob("*.py")} == set(EXAMPLES)
+    assert {p.name for p in (ROOT / "examples").glob("*.py")} == set(EXAMPLES) == set(CLAIMS)
 
 
 def test_demo_runs_on_the_host_backend() -> None:

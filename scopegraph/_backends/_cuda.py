@@ -57,17 +57,37 @@ if TYPE_CHECKING:
     from .._scope import RecordedNode
     from .._stream import Stream
 
-_RESULT = re.compile(r"CUDA_ERROR_[A-Z0-9_]+")
+_RESULT = re.compile(r"CUDA_ERROR_[A-Z0-9_]+|cudaError[A-Za-z0-9]+")
+# The first sticky fault seen in this process: every later failure is a consequence of it.
+_context_lost = ""
+
+
+def _result_name(text: str) -> str:
+    """The driver's CUresult name (a runtime ``cudaErrorIllegalAddress`` becomes
+    ``CUDA_ERROR_ILLEGAL_ADDRESS``), or "" if the text names none."""
+    found = _RESULT.search(text)
+    if found is None:
+        return ""
+    name = found.group(0)
+    if name.startswith("cudaError"):
+        name = "CUDA_ERROR_" + re.sub(r"(?<!^)(?=[A-Z])", "_", name[len("cudaError") :]).upper()
+    return {"CUDA_ERROR_LAUNCH_FAILURE": "CUDA_ERROR_LAUNCH_FAILED"}.get(name, name)
 
 
 def cuda_error(operation: str, exc: Exception, last_work: str = "") -> CudaError:
     """A CudaError naming the CUresult that cuda.core's exception carries (and, since a fault
     surfaces at a later call, the work submitted last)."""
-    found = _RESULT.search(str(exc))
+    global _context_lost
+    result = _result_name(str(exc)) or type(exc).__name__
     detail = str(exc)
     if last_work:
         detail += f"\nthe last work submitted before it: {last_work}"
-    return CudaError(operation, found.group(0) if found else type(exc).__name__, detail)
+    error = CudaError(operation, result, detail, context_lost=bool(_context_lost))
+    if error.context_lost and not _context_lost:
+        _context_lost = f"{result} ({operation})"
+    elif _context_lost:
+        error.add_note(f"the first fault: {_context_lost}")
+    return error
 
 
 class _CudaExecutable:

@@ -1,0 +1,251 @@
+"""Issue 8's device cases, made visible on the GPU: each test makes the race happen if the library
+did not prevent it, by a kernel that spins for tens of milliseconds before it reads or writes.
+
+Without the fix, each of these fails reproducibly on an H100 (the spinning kernel is still
+running when the racing action takes effect). Marked `cuda`: they skip without a GPU."""
+
+from __future__ import annotations
+
+import gc
+from typing import Annotated
+
+import numpy as np
+import pytest
+
+import scopegraph as sg
+from scopegraph import CudaGraph, Mut, Tensor, library
+
+pytestmark = pytest.mark.cuda
+
+SPIN = """
+__device__ void spin(long long cycles) {
+    long long start = clock64();
+    while (clock64() - start < cycles) {}
+}
+// out = in, after spinning: a reader that is still reading long after it was launched.
+extern "C" __global__ void slow_copy(float* out, const float* in, int n, long long cycles) {
+    spin(cycles);
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = in[i];
+}
+// x += 1 with a long gap between the read and the write: two overlapping runs lose an update.
+extern "C" __global__ void slow_increment(float* x, long long cycles) {
+    float v = x[0];
+    spin(cycles);
+    x[0] = v + 1.0f;
+}
+// x = value, after spinning: a slow writer.
+extern "C" __global__ void slow_fill(float* x, float value, int n, long long cycles) {
+    spin(cycles);
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = value;
+}
+"""
+CYCLES = 200_000_000  # about 0.1 s at the H100's clock
+F32 = Annotated[Tensor, sg.TensorSpec(sg.f32)]
+
+
+@sg.kernel(SPIN, touches={"out": "n", "x": "n"})
+def slow_copy(out: Mut[Tensor], x: F32, n: sg.i32, cycles: sg.i64) -> None: ...
+
+
+@sg.kernel(SPIN, touches={"x": "1"})
+def slow_increment(x: Mut[Tensor], cycles: sg.i64) -> None: ...
+
+
+@sg.kernel(SPIN, touches={"x": "n"})
+def slow_fill(x: Mut[Tensor], value: sg.f32, n: sg.i32, cycles: sg.i64) -> None: ...
+
+
+N = 1 << 16
+
+
+@pytest.fixture
+def cuda() -> sg.Device:
+    return sg.device("cuda")
+
+
+def _reuse_freed_memory(cuda: sg.Device, value: float) -> list[Tensor]:
+    """Allocate and fill what a premature free would hand out again."""
+    return [cuda.full((N,), value) for _ in range(4)]
+
+
+def test_dropping_a_tensor_while_a_kernel_reads_it(cuda: sg.Device) -> None:
+    """Issue 8 case 1: `del src` while a kernel still copies from it."""
+    stream = cuda.stream()
+    src = cuda.full((N,), 1.0, name="src")
+    dst = cuda.zeros((N,), name="dst")
+    stream.run(slow_copy[N // 256, 256](dst.mut(), src, N, CYCLES))
+    del src
+    gc.collect()
+    others = _reuse_freed_memory(cuda, 7.0)
+    stream.sync()
+    np.testing.assert_array_equal(dst.numpy(), 1.0)
+    assert all(float(o.numpy()[0]) == 7.0 for o in others)
+
+
+def test_free_while_a_kernel_reads_it(cuda: sg.Device) -> None:
+    stream = cuda.stream()
+    src = cuda.full((N,), 1.0, name="src")
+    dst = cuda.zeros((N,), name="dst")
+    stream.run(slow_copy[N // 256, 256](dst.mut(), src, N, CYCLES))
+    src.free()  # returns at once: no device-wide wait
+    _reuse_freed_memory(cuda, 7.0)
+    stream.sync()
+    np.testing.assert_array_equal(dst.numpy(), 1.0)
+
+
+def test_closing_and_dropping_a_graph_while_it_replays(cuda: sg.Device) -> None:
+    """Issue 8 case 1, second half: the graph is closed and dropped while its replay still runs."""
+    stream = cuda.stream()
+    src = cuda.full((N,), 1.0, name="src")
+    dst = cuda.zeros((N,), name="dst")
+    with CudaGraph.scope(stream) as s:
+        s.record(slow_copy[N // 256, 256](dst.mut(), src, N, CYCLES))
+    graph = s.graph
+    graph.launch()
+    graph.close()
+    del graph, s, src
+    gc.collect()
+    _reuse_freed_memory(cuda, 7.0)
+    stream.sync()
+    np.testing.assert_array_equal(dst.numpy(), 1.0)
+
+
+def test_two_torch_wrappers_are_one_allocation(cuda: sg.Device) -> None:
+    """Issue 8 case 2: a write through one wrapper and a read through the other get an edge."""
+    torch = pytest.importorskip("torch")
+    t = torch.zeros(N, dtype=torch.float32, device="cuda")
+    a, b = sg.Tensor.from_dlpack(t, name="a"), sg.Tensor.from_dlpack(t, name="b")
+    with pytest.raises(sg.BorrowError, match="wrap the same device memory"):
+        sg.memcpy(a.mut(), b)
+    out = cuda.zeros((N,), name="out")
+    stream = cuda.stream()
+    with CudaGraph.scope(stream) as s:
+        write = s.record(slow_fill[N // 256, 256](a.mut(), 3.0, N, CYCLES))
+        read = s.record(sg.memcpy(out.mut(), b))
+    assert read.deps == {write.index}
+    with s.graph as g:
+        g.launch()
+        g.sync()
+    np.testing.assert_array_equal(out.numpy(), 3.0)
+
+
+def test_update_then_launch_on_another_stream_is_ordered(cuda: sg.Device) -> None:
+    """Issue 8 case 5: graph.update(op) on the graph's stream, then launch(stream=other)."""
+    home, other = cuda.stream(), cuda.stream()
+    inp = cuda.full((N,), 1.0, name="inp")
+    out = cuda.zeros((N,), name="out")
+    with CudaGraph.scope(home) as s:
+        s.record(sg.memcpy(out.mut(), inp))
+    with s.graph as g:
+        g.update(slow_fill[N // 256, 256](inp.mut(), 2.0, N, CYCLES))  # slow: still running at the launch
+        g.launch(stream=other)
+        other.sync()
+        np.testing.assert_array_equal(out.numpy(), 2.0)
+
+
+def test_eager_work_on_a_third_stream_is_ordered_before_the_replay(cuda: sg.Device) -> None:
+    home, side = cuda.stream(), cuda.stream()
+    inp = cuda.full((N,), 1.0, name="inp")
+    out = cuda.zeros((N,), name="out")
+    with CudaGraph.scope(home) as s:
+        s.record(sg.memcpy(out.mut(), inp))
+    with s.graph as g:
+        side.run(slow_fill[N // 256, 256](inp.mut(), 5.0, N, CYCLES))
+        g.launch()
+        home.sync()
+        np.testing.assert_array_equal(out.numpy(), 5.0)
+
+
+def test_a_graph_launched_on_two_streams_in_turn_never_overlaps_itself(cuda: sg.Device) -> None:
+    a, b = cuda.stream(), cuda.stream()
+    x = cuda.zeros((1,), name="x")
+    with CudaGraph.scope(a) as s:
+        s.record(slow_increment[1, 1](x.mut(), CYCLES // 10))
+    with s.graph as g:
+        for i in range(10):
+            g.launch(stream=a if i % 2 else b)
+        a.sync()
+        b.sync()
+        assert float(x.numpy()[0]) == 10.0
+
+
+def test_from_handle_finds_the_device_and_refuses_non_streams(cuda: sg.Device) -> None:
+    torch = pytest.importorskip("torch")
+    stream = sg.Stream.from_handle(torch.cuda.Stream(device=0))
+    assert stream.device is sg.device("cuda:0")
+    with pytest.raises(sg.SignatureError, match="not a CUDA stream"):
+        sg.Stream.from_handle(object())
+
+
+def test_dlpack_export_orders_the_consumer_stream(cuda: sg.Device) -> None:
+    """Exporting while a slow kernel still writes: torch's stream waits for it."""
+    torch = pytest.importorskip("torch")
+    x = cuda.zeros((N,), name="x")
+    stream = cuda.stream()
+    stream.run(slow_fill[N // 256, 256](x.mut(), 4.0, N, CYCLES))
+    t = torch.from_dlpack(x)  # torch passes its current stream
+    total = t.sum()
+    torch.cuda.synchronize()
+    assert total.item() == 4.0 * N
+
+
+def test_dlpack_import_waits_for_the_producer(cuda: sg.Device) -> None:
+    """Importing while torch's stream still writes: the wrapper is ready on every stream."""
+    torch = pytest.importorskip("torch")
+    t = torch.zeros(N, dtype=torch.float32, device="cuda")
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(CYCLES)
+        t.fill_(6.0)
+        x = sg.Tensor.from_dlpack(t, name="x")  # producer stream: `side`
+    out = cuda.zeros((N,), name="out")
+    stream = cuda.stream()
+    stream.run(sg.memcpy(out.mut(), x))
+    stream.sync()
+    np.testing.assert_array_equal(out.numpy(), 6.0)
+
+
+def test_zero_byte_copies_build_and_run(cuda: sg.Device) -> None:
+    """Issue 8 case 6: a 0-byte memcpy or memset is no work, not CUDA_ERROR_INVALID_VALUE."""
+    x = cuda.full((8,), 2.0, name="x")
+    stream = cuda.stream()
+    with CudaGraph.scope(stream) as s:
+        s.record(sg.memcpy(x[0:0].mut(), x[4:4]))
+        s.record(sg.memset(x[3:3].mut(), 9.0))
+        s.record(library.add_scalar_op(x.mut(), 1.0))
+    with s.graph as g:
+        g.launch()
+        g.sync()
+    stream.run(sg.memcpy(x[0:0].mut(), x[8:8]))
+    stream.sync()
+    np.testing.assert_array_equal(x.numpy(), 3.0)
+
+
+def test_kernel_with_an_include_path_runs(cuda: sg.Device, tmp_path: object) -> None:
+    """Issue 8 case 6: include_path kernels compile (the headers are in the cache key) and run."""
+    import pathlib
+
+    root = pathlib.Path(str(tmp_path))
+    (root / "twice.h").write_text("__device__ inline float twice(float v) { return 2.0f * v; }\n")
+    source = '#include "twice.h"\nextern "C" __global__ void doubler(float* x, int n) { int i = threadIdx.x; if (i < n) x[i] = twice(x[i]); }\n'
+
+    @sg.kernel(source, options={"include_path": [str(root)]}, touches={"x": "n"})
+    def doubler(x: Mut[Tensor], n: sg.i32) -> None: ...
+
+    x = cuda.full((32,), 3.0)
+    stream = cuda.stream()
+    stream.run(doubler[1, 32](x.mut(), 32))
+    stream.sync()
+    np.testing.assert_array_equal(x.numpy(), 6.0)
+
+
+def test_launch_limits_are_checked_before_the_gpu_sees_them(cuda: sg.Device) -> None:
+    """Issue 8 case 7: the host backend and the GPU refuse the same launches, when they are built."""
+    x = cuda.zeros((4,), name="x")
+    for grid, block in (((1,), (2048,)), ((1,), (32, 32, 2)), ((1, 70000), (32,))):
+        with pytest.raises(sg.SignatureError):
+            library.fill[grid, block](x.mut(), 1.0, 4)
+    with pytest.raises(sg.SignatureError, match="cannot hold exactly"):
+        library.fill[1, 32](x.mut(), 1.0, 2**40)

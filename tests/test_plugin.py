@@ -1,0 +1,88 @@
+"""The pytest plugin: opt-in only, and the host backend's seeded, reproducible replay order."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+import scopegraph as sg
+from scopegraph import CudaGraph, library
+from scopegraph._backends import _host
+from scopegraph._driver import cuda_device_count
+
+ROOT = Path(__file__).resolve().parents[1]
+
+FOREIGN_TEST = """
+import pytest
+
+@pytest.mark.cuda
+def test_marked_cuda():
+    pass
+"""
+
+ORDER_TEST = """
+import numpy as np
+import scopegraph as sg
+from scopegraph import CudaGraph, library
+
+def test_orders():
+    dev = sg.device("host")
+    xs = [dev.zeros((4,)) for _ in range(6)]
+    with CudaGraph.scope(dev.stream()) as s:
+        nodes = [s.record(library.fill_op(x.mut(), float(i))) for i, x in enumerate(xs)]
+    print("ORDERS", [s.graph.executable.order() for _ in range(3)])
+
+def test_fails():
+    assert False
+"""
+
+
+def _pytest(tmp: Path, source: str, *args: str) -> subprocess.CompletedProcess[str]:
+    (tmp / "test_probe.py").write_text(source)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-s", "-p", "no:cacheprovider", *args, "test_probe.py"],
+        cwd=tmp, capture_output=True, text=True, timeout=120, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+    )
+
+
+def test_other_projects_keep_their_cuda_marker(tmp_path: Path) -> None:
+    plain = _pytest(tmp_path, FOREIGN_TEST)
+    assert "1 passed" in plain.stdout, plain.stdout
+    opted_in = _pytest(tmp_path, FOREIGN_TEST, "-p", "scopegraph.pytest_plugin")
+    expected = "1 passed" if cuda_device_count() else "1 skipped"
+    assert expected in opted_in.stdout, opted_in.stdout
+
+
+def test_replay_order_is_seeded_shown_and_reproducible(tmp_path: Path) -> None:
+    first = _pytest(tmp_path, ORDER_TEST, "-p", "scopegraph.pytest_plugin", "--sg-seed=1234")
+    again = _pytest(tmp_path, ORDER_TEST, "-p", "scopegraph.pytest_plugin", "--sg-seed=1234")
+    other = _pytest(tmp_path, ORDER_TEST, "-p", "scopegraph.pytest_plugin", "--sg-seed=99")
+    assert "scopegraph host replay seed: 1234" in first.stdout
+    assert "rerun with --sg-seed=1234 test_probe.py::test_fails" in first.stdout
+    orders = [next(line for line in run.stdout.splitlines() if "ORDERS" in line) for run in (first, again, other)]
+    assert orders[0] == orders[1] != orders[2]
+
+
+def test_each_replay_takes_another_valid_order() -> None:
+    dev = sg.device("host")
+    xs = [dev.zeros((4,), name=f"x{i}") for i in range(8)]
+    total = dev.zeros((4,), name="total")
+    with CudaGraph.scope(dev.stream()) as s:
+        for i, x in enumerate(xs):
+            s.record(library.fill_op(x.mut(), float(i)))
+        for x in xs:
+            s.record(library.axpy_op(total.mut(), x, 1.0))  # a chain after the independent fills
+    with s.graph as g:
+        executable = g.executable
+        assert isinstance(executable, _host._HostGraph)
+        _host.seed_replay_order(7)
+        orders = [executable.order() for _ in range(20)]
+        assert len({tuple(o) for o in orders}) > 10
+        for order in orders:
+            position = {node: i for i, node in enumerate(order)}
+            assert all(position[d] < position[n.index] for n in g.nodes for d in n.deps)
+        g.launch()
+        np.testing.assert_array_equal(total.numpy(), sum(range(8)))
