@@ -168,7 +168,7 @@ class Allocation:
 
     def frozen_overlap(self, start: int, end: int) -> tuple[int, int] | None:
         """A frozen range of this allocation's region that overlaps [start, end), if any."""
-        if not self.region.frozen:
+        if not self.region.frozen or start >= end:
             return None
         for member in self.region.allocations():
             for s, e in member.frozen:

@@ -72,11 +72,11 @@ def _path_list(kernel: Kernel[Any], name: str, value: object) -> list[str]:
     """``include_path`` / ``pre_include`` as NVRTC takes them: one str or Path, or a list or tuple of them."""
     items = list(value) if isinstance(value, (list, tuple)) else [value]
     paths = [os.fspath(v) for v in items if isinstance(v, (str, os.PathLike))]
-    if not items or len(paths) != len(items) or not all(isinstance(p, str) for p in paths):
+    if not items or len(paths) != len(items) or not all(isinstance(p, str) and p for p in paths):
         raise _BadCompileInput(
             kernel,
             f"bad compile option: {name}={value!r}",
-            f"pass {name} as a str or pathlib.Path, or a non-empty list of them",
+            f"pass {name} as a non-empty str or pathlib.Path, or a non-empty list of them",
         )
     return [str(p) for p in paths]
 
@@ -118,7 +118,9 @@ def _header_digest(kernel: Kernel[Any], include_path: list[str], pre_include: li
             if Path(name).is_file():  # found from the working directory, not through include_path
                 put("pre_include_bytes", Path(name).read_bytes())
         except OSError as exc:
-            raise _BadCompileInput(kernel, f"cannot read pre_include {name!r}: {exc}", "make the header readable") from None
+            raise _BadCompileInput(
+                kernel, f"cannot read pre_include {name!r}: {exc}", "make the header readable"
+            ) from None
     return digest.digest()
 
 
@@ -135,14 +137,20 @@ def _options(kernel: Kernel[Any], arch: str) -> tuple[ProgramOptions, bytes | No
             "scopegraph caches every compiled kernel; drop the option (precompiled headers and "
             "compile-time traces are not supported)",
         )
-    include_path = _path_list(kernel, "include_path", given["include_path"]) if given.get("include_path") is not None else []
-    pre_include = _path_list(kernel, "pre_include", given["pre_include"]) if given.get("pre_include") is not None else []
+    include_path = (
+        _path_list(kernel, "include_path", given["include_path"]) if given.get("include_path") is not None else []
+    )
+    pre_include = (
+        _path_list(kernel, "pre_include", given["pre_include"]) if given.get("pre_include") is not None else []
+    )
     given.update({"include_path": include_path or None, "pre_include": pre_include or None})
     try:
         options = ProgramOptions(arch=arch, std="c++17", name=kernel.cpp_name, **given)
     except (TypeError, ValueError) as exc:
         raise _BadCompileInput(
-            kernel, f"bad compile option: {exc}", "use the fields of cuda.core.ProgramOptions, e.g. {'use_fast_math': True}"
+            kernel,
+            f"bad compile option: {exc}",
+            "use the fields of cuda.core.ProgramOptions, e.g. {'use_fast_math': True}",
         ) from None
     extra = _header_digest(kernel, include_path, pre_include) if include_path or pre_include else None
     return options, extra
@@ -188,13 +196,17 @@ def _load(disk: FileStreamProgramCache, key: bytes) -> ObjectCode | None:
     return ObjectCode.from_cubin(cubin, symbol_mapping=mapping)
 
 
-def _compile(kernel: Kernel[Any], options: ProgramOptions, disk: FileStreamProgramCache | None, key: bytes) -> ObjectCode:
+def _compile(
+    kernel: Kernel[Any], options: ProgramOptions, disk: FileStreamProgramCache | None, key: bytes
+) -> ObjectCode:
     from cuda.core import Program
 
     try:
         code = Program(kernel.source, "c++", options).compile("cubin", name_expressions=(kernel.name_expression,))
     except Exception as exc:  # cuda.core raises NVRTCError (a RuntimeError) carrying the log
-        raise CompileError(kernel.name_expression, str(exc), [f"arch={options.arch}", *(f"{k}={v}" for k, v in kernel.options)]) from None
+        raise CompileError(
+            kernel.name_expression, str(exc), [f"arch={options.arch}", *(f"{k}={v}" for k, v in kernel.options)]
+        ) from None
     if disk is not None:
         symbols = {name: sym.decode() if isinstance(sym, bytes) else sym for name, sym in code.symbol_mapping.items()}
         try:

@@ -39,6 +39,10 @@ class DType:
         binary form in any float type), ``bool`` takes only bools. Anything else is a
         SignatureError naming ``what``."""
         kind = self.numpy.kind
+        if type(value) is int and kind in "iu":  # the common case, in users' inner loops
+            low, high = _INT_RANGE[self.name]
+            if low <= value <= high:
+                return self.numpy.type(value)  # type: ignore[no-any-return]
         problem = ""
         if kind == "b":
             if not isinstance(value, (bool, np.bool_)):
@@ -49,10 +53,9 @@ class DType:
             if isinstance(value, (float, np.floating)) and not float(value).is_integer():
                 problem = f"sg.{self.name} holds integers only"
             else:
-                info = np.iinfo(self.numpy)
-                as_int = int(value)
-                if not info.min <= as_int <= info.max:
-                    problem = f"sg.{self.name} holds {info.min}..{info.max}"
+                low, high = _INT_RANGE[self.name]
+                if not low <= int(value) <= high:
+                    problem = f"sg.{self.name} holds {low}..{high}"
         else:
             try:
                 converted = float(value)
@@ -87,8 +90,11 @@ uint32 = DType("u32", np.dtype(np.uint32), "unsigned int")
 uint64 = DType("u64", np.dtype(np.uint64), "unsigned long long")
 boolean = DType("bool", np.dtype(np.bool_), "bool")
 
+_INT_RANGE: dict[str, tuple[int, int]] = {}
+
 ALL_DTYPES = (float16, float32, float64, int8, int16, int32, int64, uint8, uint32, uint64, boolean)
 _BY_NUMPY = {d.numpy: d for d in ALL_DTYPES}
+_INT_RANGE.update({d.name: (int(np.iinfo(d.numpy).min), int(np.iinfo(d.numpy).max)) for d in ALL_DTYPES if d.numpy.kind in "iu"})
 _BY_NAME = {d.name: d for d in ALL_DTYPES} | {str(d.numpy): d for d in ALL_DTYPES}
 
 f16 = Annotated[float, float16]

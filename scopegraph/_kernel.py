@@ -120,6 +120,8 @@ _AXES = "xyz"
 
 
 def _dim3(value: object, what: str, kernel_name: str) -> tuple[int, int, int]:
+    if type(value) is int and 0 < value <= 1024:  # the common case, in users' inner loops
+        return (value, 1, 1)
     dims = value if isinstance(value, tuple) else (value,)
     if not 1 <= len(dims) <= 3 or any(isinstance(d, (bool, np.bool_)) or not isinstance(d, (int, np.integer)) or d < 1 for d in dims):
         raise SignatureError(
@@ -158,25 +160,28 @@ _ALLOWED_NODES = (ast.Expression, ast.BinOp, ast.Name, ast.Load, ast.Constant, a
 
 
 @dataclass(frozen=True, slots=True)
-class Touch:
-    """How many elements a launch touches in one tensor parameter: ``expression`` over the scalar
-    parameters and the launch's grid and block sizes (``touches={"w": "n * k"}``)."""
+class Touches:
+    """How many elements a launch touches in its tensor parameters: expressions over the scalar
+    parameters and the launch's grid and block sizes (``touches={"w": "n * k"}``), compiled
+    into one function that computes them all."""
 
-    param: int
-    name: str
-    expression: str
-    count: Callable[..., int]
+    params: tuple[int, ...]  # the tensor parameters' positions
+    names: tuple[str, ...]
+    expressions: tuple[str, ...]
+    count: Callable[..., tuple[int, ...]]  # (*scalars, *grid, *block) -> one count per parameter
 
 
-def _parse_touches(touches: Mapping[str, str], params: tuple[KernelParam, ...], kernel_name: str) -> tuple[Touch, ...]:
+def _parse_touches(touches: Mapping[str, str], params: tuple[KernelParam, ...], kernel_name: str) -> Touches | None:
+    if not touches:
+        return None
     tensor_params = {p.name: i for i, p in enumerate(params) if p.kind != "scalar"}
     scalars = [p.name for p in params if p.kind == "scalar"]
-    found = []
+    help = (
+        f'map a tensor parameter ({", ".join(tensor_params) or "none declared"}) to an expression of '
+        f'{", ".join(scalars + list(LAUNCH_NAMES))} with + - * //, e.g. touches={{"out": "n"}}'
+    )
+    sources = []
     for name, expression in touches.items():
-        help = (
-            f'map a tensor parameter ({", ".join(tensor_params) or "none declared"}) to an expression of '
-            f'{", ".join(scalars + list(LAUNCH_NAMES))} with + - * //, e.g. touches={{"out": "n"}}'
-        )
         if name not in tensor_params:
             raise SignatureError(f"kernel `{kernel_name}`: touches names `{name}`, which is not a tensor parameter\nhelp: {help}")
         try:
@@ -192,10 +197,10 @@ def _parse_touches(touches: Mapping[str, str], params: tuple[KernelParam, ...], 
             if bad:
                 what = f"`{node.id}`" if isinstance(node, ast.Name) else f"`{ast.unparse(node)}`" if isinstance(node, ast.expr) else type(node).__name__
                 raise SignatureError(f"kernel `{kernel_name}`: touches[{name!r}] = {expression!r} uses {what}\nhelp: {help}")
-        # Only names, int constants and + - * // remain: evaluating it runs no other code.
-        count = eval(f"lambda {', '.join(scalars + list(LAUNCH_NAMES))}: {ast.unparse(tree)}", {"__builtins__": {}})
-        found.append(Touch(tensor_params[name], name, str(expression), count))
-    return tuple(found)
+        sources.append(ast.unparse(tree))
+    # Only names, int constants and + - * // remain: evaluating it runs no other code.
+    count = eval(f"lambda {', '.join(scalars + list(LAUNCH_NAMES))}: ({', '.join(sources)},)", {"__builtins__": {}})
+    return Touches(tuple(tensor_params[n] for n in touches), tuple(touches), tuple(map(str, touches.values())), count)
 
 
 class Kernel(Generic[P]):
@@ -210,7 +215,7 @@ class Kernel(Generic[P]):
         template_args: tuple[str, ...] = (),
         host_fn: Callable[..., None] | None = None,
         params: tuple[KernelParam, ...] | None = None,
-        touches: Mapping[str, str] | tuple[Touch, ...] = (),
+        touches: Mapping[str, str] | Touches | None = None,
     ) -> None:
         self.__wrapped__ = fn
         self.__name__ = fn.__name__
@@ -222,7 +227,7 @@ class Kernel(Generic[P]):
         self.host_fn = host_fn
         self.params = params if params is not None else _parse_signature(fn, cpp_name)
         # How many elements each launch touches per tensor parameter, checked when a launch is built.
-        self.touches = touches if isinstance(touches, tuple) else _parse_touches(touches, self.params, cpp_name)
+        self.touches = touches if isinstance(touches, Touches) or touches is None else _parse_touches(touches, self.params, cpp_name)
         # Instantiations made by generics(), so each one compiles (and is cached) once.
         self._instances: dict[tuple[str, ...], Kernel[P]] = {}
         # Compiled per device by the CUDA backend: device key -> cuda.core Kernel.
@@ -318,7 +323,7 @@ def kernel(
     """
 
     def wrap(fn: Callable[P, None]) -> Kernel[P]:
-        return Kernel(fn, source, name or fn.__name__, tuple(sorted((options or {}).items())), touches=touches or {})
+        return Kernel(fn, source, name or fn.__name__, tuple(sorted((options or {}).items())), touches=touches)
 
     return wrap
 
@@ -368,8 +373,9 @@ class KernelLaunch(GraphNode):
             borrows.append(Borrow(tensor, mutable, param.name))
         # Tensors for borrows, numpy scalars of the declared C type for the rest.
         self.args = tuple(values)
-        if kernel.touches:
-            self._check_touches()
+        touches = kernel.touches
+        if touches is not None:
+            self._check_touches(touches)
         if borrows:
             self._claim(borrows)
         else:
@@ -416,18 +422,18 @@ class KernelLaunch(GraphNode):
             )
         return dtype.scalar(arg, f"`{self.name}` argument `{param.name}`")
 
-    def _check_touches(self) -> None:
-        scalars = [a for a in self.args if not isinstance(a, Tensor)]
-        for touch in self.kernel.touches:
-            tensor = self.args[touch.param]
-            need = int(touch.count(*scalars, *self.grid, *self.block))
+    def _check_touches(self, touches: Touches) -> None:
+        # Python ints: numpy's fixed-width arithmetic could wrap a product past the check.
+        scalars = [a.item() for a in self.args if not isinstance(a, Tensor)]
+        counts = touches.count(*scalars, *self.grid, *self.block)
+        for position, need, name, expression in zip(touches.params, counts, touches.names, touches.expressions):
+            tensor = self.args[position]
             if not 0 <= need <= tensor.size:
                 raise SignatureError(
                     diagnostic(
-                        f"`{self.name}` would touch {need} elements of `{touch.name}`, "
-                        f"but `{tensor.name}` has {tensor.size}",
+                        f"`{self.name}` would touch {need} elements of `{name}`, but `{tensor.name}` has {tensor.size}",
                         [
-                            f"declared: `{touch.name}` touches {touch.expression} elements",
+                            f"declared: `{name}` touches {expression} elements",
                             f"launched as {self.name}[{self.grid}, {self.block}] with "
                             + ", ".join(f"{p.name}={a}" for p, a in zip(self.kernel.params, self.args) if p.kind == "scalar"),
                         ],

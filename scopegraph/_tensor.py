@@ -160,6 +160,8 @@ class Tensor:
         alloc = self._alloc
         start = alloc.address + self.offset
         end = start + self.nbytes
+        if start == end:
+            return self  # an empty range conflicts with nothing
         for alias in alloc.aliases():
             for pin in alias.pins.values():
                 if pin.writes_to(start, end):
@@ -170,9 +172,8 @@ class Tensor:
                             help="close the graph that writes it first (graph.close()), or freeze it before recording",
                         )
                     )
-        if start < end:
-            alloc.frozen.append((start, end))
-            alloc.region.frozen += 1
+        alloc.frozen.append((start, end))
+        alloc.region.frozen += 1
         return self
 
     @property

@@ -1,10 +1,12 @@
 """NVRTC compiles every shipped kernel for sm_90 without a GPU (CI has none), and a broken
-kernel is a CompileError carrying the log and the kernel's name."""
+kernel is a CompileError carrying the log and the kernel's name. The caches answer without
+NVRTC, header contents are part of the key, and bad options are CompileErrors."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -16,6 +18,9 @@ import scopegraph as sg
 from scopegraph import Mut, Tensor, library
 from scopegraph._compile import _memory, compile_kernel
 
+if TYPE_CHECKING:
+    from cuda.core import ObjectCode
+
 
 @pytest.fixture(autouse=True)
 def private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -23,11 +28,35 @@ def private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _memory.clear()
 
 
+@dataclass(frozen=True, eq=False)
+class Built:
+    """A compiled module that is safe inside an ``assert``. On failure pytest reprs every value in
+    the expression, and ObjectCode's repr loads the module through the driver, which fails
+    without one and then hangs (DESIGN.md, 11); so tests hold this and never the ObjectCode."""
+
+    _code: ObjectCode = field(repr=False)
+
+    @property
+    def cubin(self) -> bytes:
+        return bytes(self._code.code)
+
+    @property
+    def symbols(self) -> list[str]:
+        return sorted(self._code.symbol_mapping)
+
+    def same_object(self, other: Built) -> bool:
+        return self._code is other._code
+
+
+def build(kernel: sg.Kernel) -> Built:  # type: ignore[type-arg]
+    return Built(compile_kernel(kernel, "sm_90"))
+
+
 @pytest.mark.parametrize("kernel", library.ALL_KERNELS, ids=lambda k: k.name_expression)
 def test_every_library_kernel_compiles_for_sm_90(kernel: sg.Kernel) -> None:  # type: ignore[type-arg]
-    code = compile_kernel(kernel, "sm_90")
-    assert kernel.name_expression in code.symbol_mapping
-    assert len(bytes(code.code)) > 0
+    code = build(kernel)
+    assert kernel.name_expression in code.symbols
+    assert len(code.cubin) > 0
 
 
 def _nvrtc_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -38,7 +67,7 @@ def _nvrtc_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _counting_nvrtc(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Let NVRTC compile, recording each kernel it compiles."""
+    """Let NVRTC compile, recording the name of each kernel it compiles."""
     compiled: list[str] = []
     real = cuda.core.Program
 
@@ -51,18 +80,21 @@ def _counting_nvrtc(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 def test_compile_cache_reuses_memory_and_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    first = compile_kernel(library.add, "sm_90")
-    assert compile_kernel(library.add, "sm_90") is first
+    compiled = _counting_nvrtc(monkeypatch)
+    first = build(library.add)
+    assert build(library.add).same_object(first)
+    assert compiled == ["add"]
     # On disk: the cubin, byte for byte, and the symbol map beside it.
-    entries = [f for f in (tmp_path / "kernels").rglob("*") if f.is_file() and "entries" in f.parts]
+    entries = [f.read_bytes() for f in (tmp_path / "kernels").rglob("*") if f.is_file() and "entries" in f.parts]
     assert len(entries) == 2
-    assert bytes(first.code) in [f.read_bytes() for f in entries]
+    assert first.cubin in entries
     # A new process: nothing in memory, and NVRTC must not run; only the disk can answer.
     _memory.clear()
     _nvrtc_unavailable(monkeypatch)
-    again = compile_kernel(library.add, "sm_90")
-    assert again is not first and bytes(again.code) == bytes(first.code)
-    assert again.symbol_mapping.keys() == first.symbol_mapping.keys()
+    again = build(library.add)
+    assert not again.same_object(first)
+    assert again.cubin == first.cubin
+    assert again.symbols == first.symbols == ["add"]
 
 
 HEADER_KERNEL = """
@@ -80,6 +112,7 @@ def _header_kernel(**options: object) -> sg.Kernel:  # type: ignore[type-arg]
 
 
 def _write_headers(tmp_path: Path, value: str = "1.0f", scale: str = "2.0f") -> tuple[Path, Path]:
+    """inc_one/value.h and inc_two/sub/scale.h."""
     one, two = tmp_path / "inc_one", tmp_path / "inc_two"
     (two / "sub").mkdir(parents=True, exist_ok=True)
     one.mkdir(exist_ok=True)
@@ -92,23 +125,23 @@ def test_include_path_kernel_compiles_and_caches(tmp_path: Path, monkeypatch: py
     one, two = _write_headers(tmp_path)
     compiled = _counting_nvrtc(monkeypatch)
     kernel = _header_kernel(include_path=[str(one), two])  # a str and a Path, the second nested
-    first = compile_kernel(kernel, "sm_90")
-    assert "from_header" in first.symbol_mapping
-    assert compile_kernel(kernel, "sm_90") is first
-    assert compile_kernel(_header_kernel(include_path=(one, str(two))), "sm_90") is first  # same key
+    first = build(kernel)
+    assert first.symbols == ["from_header"]
+    assert build(kernel).same_object(first)
+    assert build(_header_kernel(include_path=(one, str(two)))).same_object(first)  # the same key
     assert compiled == ["from_header"]
     # Unchanged headers: a fresh process finds the cubin on disk.
     _memory.clear()
     _nvrtc_unavailable(monkeypatch)
-    assert bytes(compile_kernel(kernel, "sm_90").code) == bytes(first.code)
+    assert build(kernel).cubin == first.cubin
 
 
 def test_single_include_dir_as_str_or_path(tmp_path: Path) -> None:
     one, two = _write_headers(tmp_path)
     (one / "sub").mkdir()
     (one / "sub" / "scale.h").write_text((two / "sub" / "scale.h").read_text())
-    from_str = compile_kernel(_header_kernel(include_path=str(one)), "sm_90")
-    assert compile_kernel(_header_kernel(include_path=one), "sm_90") is from_str
+    from_str = build(_header_kernel(include_path=str(one)))
+    assert build(_header_kernel(include_path=one)).same_object(from_str)
 
 
 @pytest.mark.parametrize("edit", ["value.h", "sub/scale.h"])
@@ -116,18 +149,27 @@ def test_editing_a_header_recompiles(tmp_path: Path, monkeypatch: pytest.MonkeyP
     one, two = _write_headers(tmp_path)
     compiled = _counting_nvrtc(monkeypatch)
     kernel = _header_kernel(include_path=[one, two])
-    first = compile_kernel(kernel, "sm_90")
+    first = build(kernel)
     if edit == "value.h":
         _write_headers(tmp_path, value="3.0f")
     else:
         _write_headers(tmp_path, scale="5.0f")
-    second = compile_kernel(kernel, "sm_90")
-    assert second is not first and bytes(second.code) != bytes(first.code)
+    second = build(kernel)
+    assert second.cubin != first.cubin
     assert compiled == ["from_header", "from_header"]
-    # A new file under an include directory changes the key too (it may shadow another header).
-    (one / "unrelated.h").write_text("// new\n")
-    assert compile_kernel(kernel, "sm_90") is not second
-    assert len(compiled) == 3
+
+
+def test_renaming_a_header_recompiles(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same bytes under other names: inc_one/value.h shadows inc_two/value.h until it is renamed."""
+    one, two = _write_headers(tmp_path)
+    (two / "value.h").write_text("#define VALUE 3.0f\n")
+    compiled = _counting_nvrtc(monkeypatch)
+    kernel = _header_kernel(include_path=[one, two])
+    first = build(kernel)
+    (one / "value.h").rename(one / "old_value.h")
+    second = build(kernel)
+    assert second.cubin != first.cubin
+    assert len(compiled) == 2
 
 
 def test_pre_include(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -140,14 +182,14 @@ def test_pre_include(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     def pre(out: Mut[Tensor]) -> None: ...
 
     compiled = _counting_nvrtc(monkeypatch)
-    first = compile_kernel(pre, "sm_90")
-    assert compile_kernel(pre, "sm_90") is first
+    first = build(pre)
+    assert build(pre).same_object(first)
     (inc / "pre.h").write_text("#define PRE_VALUE 8.0f\n")
-    assert bytes(compile_kernel(pre, "sm_90").code) != bytes(first.code)
-    assert len(compiled) == 2
+    assert build(pre).cubin != first.cubin
+    assert compiled == ["pre", "pre"]
 
 
-def test_pre_include_outside_the_include_path_is_hashed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_pre_include_outside_the_include_path_is_hashed(tmp_path: Path) -> None:
     header = tmp_path / "pre.h"
     header.write_text("#define PRE_VALUE 4.0f\n")
     source = 'extern "C" __global__ void pre(float* out) { out[0] = PRE_VALUE; }'
@@ -155,9 +197,9 @@ def test_pre_include_outside_the_include_path_is_hashed(tmp_path: Path, monkeypa
     @sg.kernel(source, options={"pre_include": [header]})
     def pre(out: Mut[Tensor]) -> None: ...
 
-    first = compile_kernel(pre, "sm_90")
+    first = build(pre).cubin
     header.write_text("#define PRE_VALUE 8.0f\n")
-    assert bytes(compile_kernel(pre, "sm_90").code) != bytes(first.code)
+    assert build(pre).cubin != first
 
 
 @pytest.mark.parametrize(
@@ -167,6 +209,7 @@ def test_pre_include_outside_the_include_path_is_hashed(tmp_path: Path, monkeypa
         ({"include_path": ["/no/such/include/dir"]}, "is not a directory"),
         ({"include_path": 5}, "bad compile option: include_path=5"),
         ({"include_path": []}, "bad compile option: include_path=[]"),
+        ({"include_path": ""}, "bad compile option: include_path=''"),  # not the whole working directory
         ({"pre_include": [b"bytes.h"]}, "bad compile option: pre_include"),
         ({"create_pch": "k.pch"}, "create_pch cannot be cached"),
         ({"pch": True}, "pch cannot be cached"),

@@ -19,7 +19,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, note, settings
+from hypothesis import HealthCheck, Phase, given, note, settings
 
 import scopegraph as sg
 
@@ -53,6 +53,7 @@ def test_fuzz_replay_equals_eager(sg_device: sg.Device) -> None:
         deadline=None,
         derandomize=True,
         database=None,
+        phases=(Phase.generate, Phase.shrink),  # no explain phase: its tracer makes shrinking crawl
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     )
     @given(programs())
