@@ -11,6 +11,7 @@
 """
 
 from . import _interop  # noqa: F401  (registers Tensor.from_dlpack's wrapper)
+from ._control import Body, ControlNode, If, LoopLimitError, While  # also registers s.while_, s.if_, s.if_else
 from ._device import Device, device
 from ._dtypes import (
     DType,
@@ -47,7 +48,9 @@ from ._errors import (
     ScopeStateError,
     SignatureError,
 )
+from ._cache import GraphCache, bucket
 from ._graph import CudaGraph
+from ._params import Param
 from ._scope import RecordedNode
 from ._kernel import Kernel, KernelLaunch, TensorSpec, kernel
 from ._ops import AllocationOp, GraphNode, Join, Memcpy, Memset, Op, dup, empty, from_numpy, full, memcpy, memset, zeros
@@ -58,24 +61,30 @@ from ._version import __version__
 
 __all__ = [
     "AllocationOp",
+    "Body",
     "BorrowError",
     "BoundsError",
     "CompileError",
+    "ControlNode",
     "CudaError",
     "CudaGraph",
     "DType",
     "Device",
+    "GraphCache",
     "GraphNode",
+    "If",
     "Kernel",
     "Join",
     "KernelLaunch",
     "LifetimeError",
+    "LoopLimitError",
     "Memcpy",
     "Memset",
     "Mut",
     "NoHostReferenceError",
     "NotAGraphNodeError",
     "Op",
+    "Param",
     "RecordedNode",
     "Scope",
     "ScopeGraphError",
@@ -84,7 +93,9 @@ __all__ = [
     "Stream",
     "Tensor",
     "TensorSpec",
+    "While",
     "__version__",
+    "bucket",
     "device",
     "dup",
     "empty",

@@ -54,9 +54,13 @@ suites:
   dataflow  k independent chains replayed in dataflow order against program order
   record    record cost per op on partial writes (1k, 4k, 16k ops), and small
             writes after 2000 readers (time and edges added per write)
+  decode    the decode loop: K = 1, 16, 128 tokens inside one launch (a device-side
+            while loop) against K launches of the one-token graph, tokens per second
+  update    20 tiny kernels whose last scalar changes every iteration (seed 004): eager,
+            recapture, whole-graph update (into=), node update (sg.Param) and rebind
 """
 
-SUITES = ("launch", "model", "build", "dataflow", "record")
+SUITES = ("launch", "model", "build", "dataflow", "record", "decode", "update")
 
 
 class Formatter(argparse.RawDescriptionHelpFormatter):

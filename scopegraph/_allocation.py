@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING, Final
 
 from sortedcontainers import SortedDict
 
+from ._intervals import overlapping
+
 if TYPE_CHECKING:
     from ._device import Device
     from ._lifetime import Pin
@@ -71,13 +73,7 @@ class MemoryMap:
         with self._lock:
             self._apply_releases()
             regions = self._regions
-            touching: list[Region] = []
-            i = regions.bisect_left(start) - 1  # the last region that starts before `start`
-            if i >= 0:
-                before = regions.peekitem(i)[1]
-                if before.end > start:
-                    touching.append(before)
-            touching.extend(regions[k] for k in regions.irange(start, end, inclusive=(True, False)))
+            touching = overlapping(regions, start, end)
             if not touching:
                 region = alloc.region
                 region.start, region.end = start, end

@@ -16,11 +16,19 @@ import itertools
 import threading
 import weakref
 from types import TracebackType
-from typing import TYPE_CHECKING, Self
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Self
+
+import numpy as np
 
 from ._errors import LifetimeError, NotAGraphNodeError, SignatureError, diagnostic
 from ._lifetime import Pin, order_replay
+from ._control import ControlNode
 from ._ops import GraphNode
+from ._params import ParamTable
+from ._pdl import check_programmatic
+from ._tensor import Tensor
+from ._update import all_borrows, ancestors, check_order, plan_rebind, repin, topology
 
 from ._scope import RecordedNode, Scope, caller
 from ._stream import Stream
@@ -47,20 +55,46 @@ class CudaGraph:
         self._lock = threading.Lock()
         # The pin goes when the graph does, even if the user never calls close().
         self._unpin = weakref.finalize(self, _close, executable, pin)
+        # Changes without a rebuild (see the "changes" section): what the last one was ("nodes",
+        # "whole" or "rebuilt"; None while the graph is as first built), the parameters (made
+        # on first use), and the DAG's ancestor sets (made for the first rebind).
+        self.last_update: str | None = None
+        self._params: ParamTable | None = None
+        self._ancestors: list[int] | None = None
 
     @classmethod
-    def scope(cls, stream: Stream, order: str = "dataflow") -> Scope:
+    def scope(cls, stream: Stream, order: str = "dataflow", into: CudaGraph | None = None, pdl: bool = True) -> Scope:
         """Record graph nodes on ``stream``: ``with CudaGraph.scope(stream) as s: s.record(op)``.
 
         ``order="dataflow"`` (default) orders ops by the data they share, so independent work
         becomes parallel branches; ``order="program"`` chains every op in record order.
+
+        ``into=graph`` records the program again into an existing graph: on a clean exit the
+        graph is updated in place when the new recording has the same topology (a whole-graph
+        update) and instantiated again when not; ``graph.last_update`` says which ("whole" or
+        "rebuilt"), ``s.graph`` is ``graph``, and its parameters start at their defaults. Until
+        then, and if the block raises, the graph is unchanged.
+
+        ``pdl=False`` makes every edge a full dependency; by default an edge between two kernels
+        declared ``pdl=True`` is programmatic on sm_90+ GPUs (``graph.programmatic_edges``; see
+        ``scopegraph._pdl``). Results are the same either way.
         """
-        return Scope(stream, cls, order, caller(1))
+        if into is not None:
+            _check_into(into, stream)
+        if type(pdl) is not bool:
+            raise SignatureError(f"pdl= takes True or False, not {pdl!r}\nhelp: CudaGraph.scope(stream, pdl=False) turns programmatic edges off")
+        scope = Scope(stream, cls, order, caller(1), into)
+        scope.pdl = pdl
+        return scope
 
     # -- replay -----------------------------------------------------------------------------
 
-    def launch(self, stream: Stream | None = None) -> None:
-        """Replay the whole graph on ``graph.stream`` (or ``stream``) with one driver call."""
+    def launch(self, stream: Stream | None = None, **params: float | np.number[Any] | np.bool_) -> None:
+        """Replay the whole graph on ``graph.stream`` (or ``stream``) with one driver call.
+
+        ``name=value`` sets a parameter (``sg.Param``) first: only the nodes that use a changed
+        parameter are updated, and the values stay for later replays. Every value is checked
+        before anything is updated or launched (see ``scopegraph._params``)."""
         exe = self._exec
         if exe is None:
             raise self._closed_error("launch")
@@ -79,9 +113,14 @@ class CudaGraph:
         if stream.recording is not None:
             stream.check_not_recording(f"launch graph #{self.id}")
         with self._lock:
+            exe = self._exec  # again, under the lock: recording into the graph may replace it
+            if exe is None:
+                raise self._closed_error("launch")
+            if params:
+                self._set_params(exe, params)
             if self._ordered:
                 order_replay(self._pin, stream.native, stream.device.backend)
-            stream.last_work = f"graph #{self.id}"
+            stream.last_work = self.id
             exe.launch(stream)
 
     def update(self, op: GraphNode) -> None:
@@ -105,9 +144,13 @@ class CudaGraph:
 
     def sync(self) -> None:
         """Wait for every replay submitted so far on the graph's stream."""
-        if self._exec is None:
+        exe = self._exec
+        if exe is None:
             raise self._closed_error("sync")
         self._stream.sync()
+        after_sync = getattr(exe, "after_sync", None)  # reports a GPU loop stopped by its max_iterations (_control)
+        if after_sync is not None:
+            after_sync()
 
     def close(self) -> None:
         """Destroy the executable graph and release the pins on its tensors. Idempotent, and safe
@@ -138,6 +181,86 @@ class CudaGraph:
             )
         )
 
+    # -- changes without a rebuild (scopegraph._params, _update) ----------------------------
+
+    @property
+    def params(self) -> dict[str, np.generic]:
+        """The graph's parameters (``sg.Param``) by name, with their current values."""
+        if self._exec is None:
+            raise self._closed_error("inspect")
+        return dict(self._param_table().values)
+
+    def _param_table(self) -> ParamTable:
+        table = self._params
+        if table is None:
+            table = self._params = ParamTable(self._nodes)
+        return table
+
+    def _set_params(self, exe: Executable, params: Mapping[str, object]) -> None:
+        if self._param_table().apply(self.id, self._nodes, exe, params):
+            self.last_update = "nodes"
+
+    def rebind(self, mapping: Mapping[Tensor, Tensor]) -> None:
+        """Point every node that uses ``old`` (or a view of it) at ``new`` instead, for each
+        ``old: new``: node updates, no rebuild. Same dtype, shape and device; the ownership rules
+        are checked again with the new tensors and the pins move from ``old`` to ``new``. On any
+        refusal the graph is unchanged (see ``scopegraph._update``)."""
+        with self._lock:
+            exe = self._exec
+            if exe is None:
+                raise self._closed_error("rebind")
+            nodes = self._nodes
+            changes = plan_rebind(self.id, nodes, mapping)
+            if self._ancestors is None:
+                self._ancestors = ancestors(nodes)
+            check_order(self.id, nodes, changes, self._ancestors)
+            check_programmatic(self.id, nodes, changes)
+            values = self._params.values if self._params is not None else {}
+            done: list[int] = []
+            try:
+                for i, op in changes.items():
+                    exe.update_node(i, op, values)
+                    done.append(i)
+            except BaseException:
+                for i in done:  # a driver failure part way: put back what was changed (best effort)
+                    try:
+                        exe.update_node(i, nodes[i].op, values)
+                    except Exception:
+                        continue  # the first error is the one to report
+                raise
+            for i, op in changes.items():
+                nodes[i].op = op  # the user's handles show what the node runs now
+            repin(self._pin, all_borrows(nodes))
+            self.last_update = "nodes"
+
+    def _rerecord(self, nodes: tuple[RecordedNode, ...], stream: Stream, pin: Pin, order: str) -> None:
+        """A clean exit of ``CudaGraph.scope(stream, into=self)``: take the new recording, by a
+        whole-graph update when the topology matches, else by instantiating it. Raises with the
+        graph unchanged; on success the scope's ``pin`` is merged into the graph's and released."""
+        with self._lock:
+            exe = self._exec
+            if exe is None:
+                raise self._closed_error("record into")
+            shape = topology(nodes)
+            if shape is not None and shape == topology(self._nodes) and exe.update_whole(nodes):
+                self.last_update = "whole"
+            else:
+                rebuilt = stream.device.backend.build(nodes, stream)
+                self._unpin.detach()
+                self._exec = rebuilt
+                self._unpin = weakref.finalize(self, _close, rebuilt, self._pin)
+                exe.close()  # a replay in flight completes first
+                self.last_update = "rebuilt"
+            self._nodes = nodes
+            self.order = order
+            self._params = None
+            self._ancestors = None
+            graph_pin = self._pin
+            repin(graph_pin, all_borrows(nodes))
+            graph_pin.pending |= pin.pending
+            graph_pin.description = f"graph #{self.id} ({len(nodes)} nodes, built on stream #{self._stream.id})"
+            pin.release()
+
     # -- inspection ---------------------------------------------------------------------
 
     @property
@@ -160,8 +283,17 @@ class CudaGraph:
 
     @property
     def edges(self) -> list[tuple[int, int]]:
-        """Dependency edges as (predecessor index, node index)."""
+        """Dependency edges as (predecessor index, node index), programmatic ones included."""
         return [(d, n.index) for n in self.nodes for d in sorted(n.deps)]
+
+    @property
+    def programmatic_edges(self) -> list[tuple[int, int]]:
+        """The edges that are programmatic in the built graph (a subset of ``edges``): between
+        PDL kernels, on a GPU of sm_90 or later; empty on the host backend, below sm_90 and for
+        ``CudaGraph.scope(stream, pdl=False)`` (see ``scopegraph._pdl``)."""
+        if not getattr(self.executable, "pdl", False):
+            return []
+        return [(d, n.index) for n in self.nodes for d in sorted(n.programmatic)]
 
     def __repr__(self) -> str:
         state = "closed" if self._exec is None else f"{len(self._nodes)} nodes"
@@ -169,16 +301,22 @@ class CudaGraph:
 
     def to_dot(self, include_driver: bool = False) -> str:
         """A Graphviz DOT picture of the DAG: ops labelled with kernel and tensor names, edges with
-        the tensors that carry the dependency. ``include_driver=True`` appends the CUDA driver's
-        own dump of the graph (``cuGraphDebugDotPrint``) where there is a driver."""
+        the tensors that carry the dependency, programmatic edges dashed. ``include_driver=True``
+        appends the CUDA driver's own dump of the graph (``cuGraphDebugDotPrint``) where there is a driver."""
         nodes = self.nodes
         lines = [f'digraph "graph{self.id}" {{', "  rankdir=TB;", '  node [shape=box, fontname="monospace"];']
         for n in nodes:
             lines.append(f'  n{n.index} [label="{_dot_escape(f"{n.index}: {n.op.label()}")}"];')
+            if isinstance(n.op, ControlNode):  # a loop or branch: its bodies as clusters
+                lines += n.op.dot(f"n{n.index}")
+        programmatic = set(self.programmatic_edges)
         for n in nodes:
             for d in sorted(n.deps):
                 shared = _shared_tensors(nodes[d].op, n.op)
-                label = f' [label="{_dot_escape(shared)}"]' if shared else ""
+                attrs = [f'label="{_dot_escape(shared)}"'] if shared else []
+                if (d, n.index) in programmatic:  # the dependent may start while its predecessor runs
+                    attrs.append("style=dashed")
+                label = f" [{', '.join(attrs)}]" if attrs else ""
                 lines.append(f"  n{d} -> n{n.index}{label};")
         lines.append("}")
         dot = "\n".join(lines) + "\n"
@@ -186,6 +324,21 @@ class CudaGraph:
         if include_driver and driver_dot is not None:
             dot += driver_dot()
         return dot
+
+
+def _check_into(graph: object, stream: Stream) -> None:
+    """``CudaGraph.scope(stream, into=graph)``: refused before anything is recorded."""
+    if not isinstance(graph, CudaGraph):
+        raise SignatureError(
+            f"into= takes a CudaGraph, not {type(graph).__name__}\nhelp: pass a graph that s.graph returned"
+        )
+    if graph.closed:
+        raise graph._closed_error("record into")
+    if isinstance(stream, Stream) and stream.device is not graph.stream.device:
+        raise SignatureError(
+            f"graph #{graph.id} lives on {graph.stream.device}; stream #{stream.id} is on {stream.device}\n"
+            "help: record into a graph from a stream of the graph's device"
+        )
 
 
 def _close(executable: Executable, pin: Pin) -> None:

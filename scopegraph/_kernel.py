@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import ast
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Generic, ParamSpec, get_args, get_origin, get_type_hints
 
@@ -25,6 +25,7 @@ from ._dtypes import DType, as_dtype, dtype_of_annotation
 from ._errors import SignatureError, diagnostic
 from ._ops import GraphNode, borrowed_tensor
 from ._borrow import Borrow
+from ._params import Param
 from ._tensor import Mut, Tensor
 
 if TYPE_CHECKING:
@@ -203,6 +204,25 @@ def _parse_touches(touches: Mapping[str, str], params: tuple[KernelParam, ...], 
     return Touches(tuple(tensor_params[n] for n in touches), tuple(touches), tuple(map(str, touches.values())), count)
 
 
+def _check_pdl(pdl: bool, early: tuple[str, ...], params: tuple[KernelParam, ...], kernel_name: str) -> frozenset[str]:
+    """``reads_before_wait`` names read-only tensor parameters of a ``pdl=True`` kernel."""
+    if early and not pdl:
+        raise SignatureError(
+            f"kernel `{kernel_name}` names reads_before_wait={early!r} but is not declared pdl=True\n"
+            "help: reads before griddepcontrol.wait only mean something for a PDL kernel: add pdl=True"
+        )
+    kinds = {p.name: p.kind for p in params}
+    for name in early:
+        if kinds.get(name) != "shared":
+            what = "a Mut[Tensor] parameter (written)" if kinds.get(name) == "mut" else "not a tensor parameter"
+            raise SignatureError(
+                f"kernel `{kernel_name}`: reads_before_wait names `{name}`, which is {what}\n"
+                f"help: name read-only Tensor parameters ({', '.join(n for n, k in kinds.items() if k == 'shared') or 'none declared'}); "
+                "a PDL kernel writes nothing before it waits"
+            )
+    return frozenset(early)
+
+
 class Kernel(Generic[P]):
     """A CUDA C++ kernel with its Python declaration. ``k[grid, block](*args)`` builds a launch op."""
 
@@ -216,6 +236,8 @@ class Kernel(Generic[P]):
         host_fn: Callable[..., None] | None = None,
         params: tuple[KernelParam, ...] | None = None,
         touches: Mapping[str, str] | Touches | None = None,
+        pdl: bool = False,
+        reads_before_wait: Sequence[str] | frozenset[str] = (),
     ) -> None:
         self.__wrapped__ = fn
         self.__name__ = fn.__name__
@@ -228,6 +250,13 @@ class Kernel(Generic[P]):
         self.params = params if params is not None else _parse_signature(fn, cpp_name)
         # How many elements each launch touches per tensor parameter, checked when a launch is built.
         self.touches = touches if isinstance(touches, Touches) or touches is None else _parse_touches(touches, self.params, cpp_name)
+        # Programmatic dependent launch (DESIGN.md section 7, scopegraph._pdl): the kernel waits
+        # (griddepcontrol.wait) before it touches its predecessors' results; before the wait it
+        # only reads the read-only parameters named in reads_before_wait (weights).
+        self.pdl = pdl
+        self.reads_before_wait = _check_pdl(
+            pdl, (reads_before_wait,) if isinstance(reads_before_wait, str) else tuple(reads_before_wait), self.params, cpp_name
+        )
         # Instantiations made by generics(), so each one compiles (and is cached) once.
         self._instances: dict[tuple[str, ...], Kernel[P]] = {}
         # Compiled per device by the CUDA backend: device key -> cuda.core Kernel.
@@ -257,7 +286,8 @@ class Kernel(Generic[P]):
         inst = self._instances.get(key)
         if inst is None:
             inst = Kernel(
-                self.__wrapped__, self.source, self.cpp_name, self.options, key, self.host_fn, self.params, self.touches
+                self.__wrapped__, self.source, self.cpp_name, self.options, key, self.host_fn, self.params, self.touches,
+                self.pdl, self.reads_before_wait,
             )
             self._instances[key] = inst
         return inst
@@ -310,6 +340,8 @@ def kernel(
     name: str | None = None,
     options: Mapping[str, object] | None = None,
     touches: Mapping[str, str] | None = None,
+    pdl: bool = False,
+    reads_before_wait: Sequence[str] = (),
 ) -> Callable[[Callable[P, None]], Kernel[P]]:
     """Declare a CUDA C++ kernel. The C++ name defaults to the Python function's name.
 
@@ -320,18 +352,31 @@ def kernel(
     scalar parameters and ``grid_x``..``block_z``: ``touches={"out": "n", "w": "n * k"}``. Every
     launch is then checked (a launch that would reach past a tensor is a SignatureError), which
     is what keeps "disjoint views never conflict" true for a kernel that takes a size argument.
+
+    ``pdl=True`` declares that the kernel is written for programmatic dependent launch: every
+    thread executes ``griddepcontrol.wait`` before it writes memory, before it reads anything but
+    the read-only parameters named in ``reads_before_wait`` (weights it may start loading early),
+    and before it exits. An edge between two such kernels becomes programmatic on sm_90+ (the
+    dependent starts while its predecessor runs; see ``scopegraph._pdl``); a kernel may also call
+    ``griddepcontrol.launch_dependents`` to let its own dependents start early.
     """
 
     def wrap(fn: Callable[P, None]) -> Kernel[P]:
-        return Kernel(fn, source, name or fn.__name__, tuple(sorted((options or {}).items())), touches=touches)
+        return Kernel(
+            fn, source, name or fn.__name__, tuple(sorted((options or {}).items())), touches=touches,
+            pdl=pdl, reads_before_wait=reads_before_wait,
+        )
 
     return wrap
+
+
+_NO_PARAMS: tuple[tuple[int, Param[Any]], ...] = ()
 
 
 class KernelLaunch(GraphNode):
     """One launch of a kernel: grid, block, shared memory and checked arguments."""
 
-    __slots__ = ("kernel", "grid", "block", "shmem", "args", "native")
+    __slots__ = ("kernel", "grid", "block", "shmem", "args", "native", "params")
 
     def __init__(
         self,
@@ -348,6 +393,8 @@ class KernelLaunch(GraphNode):
         self.shmem = shmem
         # The backend's bound form of this launch, made once (see _backends/_cuda.py).
         self.native: Any = None
+        # (position, sg.Param) of each scalar argument given as a graph parameter (see _params).
+        self.params = _NO_PARAMS
         params = kernel.params
         if kwargs or len(args) != len(params):
             args = self._bind(args, kwargs)
@@ -371,11 +418,13 @@ class KernelLaunch(GraphNode):
                 self._spec_error(param, tensor)
             values.append(tensor)
             borrows.append(Borrow(tensor, mutable, param.name))
-        # Tensors for borrows, numpy scalars of the declared C type for the rest.
+        # Tensors for borrows, numpy scalars of the declared C type (or sg.Params) for the rest.
         self.args = tuple(values)
+        if self.params:  # _scalar met a Param
+            self.params = tuple((i, a) for i, a in enumerate(values) if type(a) is Param)
         touches = kernel.touches
         if touches is not None:
-            self._check_touches(touches)
+            self._check_touches(touches, self.resolved(None) if self.params else self.args)
         if borrows:
             self._claim(borrows)
         else:
@@ -401,7 +450,7 @@ class KernelLaunch(GraphNode):
             ) from None
         return tuple(bound.arguments[n] for n in names)
 
-    def _scalar(self, param: KernelParam, arg: object) -> np.generic:
+    def _scalar(self, param: KernelParam, arg: object) -> np.generic | Param[Any]:
         dtype = param.dtype
         assert dtype is not None
         if dtype.name == "bool":
@@ -413,6 +462,8 @@ class KernelLaunch(GraphNode):
         else:
             ok = isinstance(arg, (int, np.integer))
         if not ok:
+            if type(arg) is Param:
+                return self._param(param, arg)
             raise SignatureError(
                 diagnostic(
                     f"`{self.name}` parameter `{param.name}` expects sg.{dtype.name}, got {type(arg).__name__} {arg!r}",
@@ -422,9 +473,36 @@ class KernelLaunch(GraphNode):
             )
         return dtype.scalar(arg, f"`{self.name}` argument `{param.name}`")
 
-    def _check_touches(self, touches: Touches) -> None:
+    def _param(self, param: KernelParam, arg: Param[Any]) -> Param[Any]:
+        """A graph parameter for a scalar argument: it must have the declared C type."""
+        if arg.dtype != param.dtype:
+            assert param.dtype is not None
+            raise SignatureError(
+                diagnostic(
+                    f"`{self.name}` parameter `{param.name}` expects sg.{param.dtype.name}, "
+                    f"got {arg!r} of sg.{arg.dtype.name}",
+                    [f"declared as {self.kernel!r}"],
+                    help=f"declare the parameter as sg.Param({arg.name!r}, sg.{param.dtype.name}, ...)",
+                )
+            )
+        self.params = ((-1, arg),)  # marks the launch as having parameters; __init__ lists them
+        return arg
+
+    def resolved(self, values: Mapping[str, np.generic] | None) -> tuple[Any, ...]:
+        """The arguments with each sg.Param replaced by its value in ``values`` (default: its default)."""
+        args = list(self.args)
+        for i, p in self.params:
+            args[i] = p.default if values is None else values.get(p.name, p.default)
+        return tuple(args)
+
+    def check_touches(self, args: tuple[Any, ...]) -> None:
+        """Check the declared sizes (``touches=``) against resolved arguments (new parameter values)."""
+        if self.kernel.touches is not None:
+            self._check_touches(self.kernel.touches, args)
+
+    def _check_touches(self, touches: Touches, args: tuple[Any, ...]) -> None:
         # Python ints: numpy's fixed-width arithmetic could wrap a product past the check.
-        scalars = [a.item() for a in self.args if not isinstance(a, Tensor)]
+        scalars = [a.item() for a in args if not isinstance(a, Tensor)]
         counts = touches.count(*scalars, *self.grid, *self.block)
         for position, need, name, expression in zip(touches.params, counts, touches.names, touches.expressions):
             tensor = self.args[position]
@@ -435,7 +513,7 @@ class KernelLaunch(GraphNode):
                         [
                             f"declared: `{name}` touches {expression} elements",
                             f"launched as {self.name}[{self.grid}, {self.block}] with "
-                            + ", ".join(f"{p.name}={a}" for p, a in zip(self.kernel.params, self.args) if p.kind == "scalar"),
+                            + ", ".join(f"{p.name}={a}" for p, a in zip(self.kernel.params, args) if p.kind == "scalar"),
                         ],
                         help=f"pass a size that fits `{tensor.name}` ({tensor.size} elements), or a larger tensor",
                     )

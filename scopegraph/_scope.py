@@ -11,18 +11,27 @@ from __future__ import annotations
 
 import sys
 from types import TracebackType
-from typing import TYPE_CHECKING, Self
+from typing import TYPE_CHECKING, Any, Self
 
 from enum import Enum
 
 from ._errors import NotAGraphNodeError, ScopeStateError, SignatureError, diagnostic
+from ._kernel import KernelLaunch
 from ._lifetime import Pin
 from ._ops import AllocationOp, GraphNode, Join
+from ._params import Param, note_params
 from ._stream import Stream, check_runnable
-from ._tracker import ORDERS
+from ._pdl import NONE, programmatic_deps
+from ._tracker import ORDERS, DataflowTracker, ProgramOrderTracker
 
 if TYPE_CHECKING:
+    from ._control import Body, Entry, Block
     from ._graph import CudaGraph
+    from ._tensor import Tensor
+
+# Device-side control flow (``s.while_``, ``s.if_``, ``s.if_else``) lives in ``_control``, which
+# imports this module; it registers its entry points here on import (a hook, not an import).
+control: type[Entry] | None = None
 
 
 class _State(Enum):
@@ -35,12 +44,17 @@ class _State(Enum):
 class RecordedNode:
     """A handle naming one recorded op: its index, the op, its predecessors and where it was recorded."""
 
-    __slots__ = ("index", "op", "deps", "_where")
+    __slots__ = ("index", "op", "deps", "_where", "programmatic")
 
-    def __init__(self, index: int, op: GraphNode, deps: frozenset[int], where: tuple[str, int]) -> None:
+    def __init__(
+        self, index: int, op: GraphNode, deps: frozenset[int], where: tuple[str, int], programmatic: frozenset[int] = NONE
+    ) -> None:
         self.index = index
         self.op = op
         self.deps = deps
+        # The deps whose edges may be programmatic (both ends PDL kernels; see scopegraph._pdl):
+        # the CUDA backend makes them programmatic on sm_90+, every other edge is a full one.
+        self.programmatic = programmatic
         self._where = where  # (file, line), formatted only when asked: record is a hot path
 
     @property
@@ -53,6 +67,11 @@ class RecordedNode:
         return f"<node {self.index}: {self.op.label()} after [{deps}]>"
 
 
+def _frame(depth: int) -> tuple[str, int]:
+    frame = sys._getframe(depth + 1)
+    return frame.f_code.co_filename, frame.f_lineno
+
+
 def caller(depth: int) -> str:
     frame = sys._getframe(depth + 1)
     return f"{frame.f_code.co_filename}:{frame.f_lineno}"
@@ -61,7 +80,14 @@ def caller(depth: int) -> str:
 class Scope:
     """Records graph nodes on one stream; ``s.graph`` is the instantiated graph after a clean exit."""
 
-    def __init__(self, stream: Stream, graph_type: type[CudaGraph], order: str = "dataflow", opened_at: str = "") -> None:
+    def __init__(
+        self,
+        stream: Stream,
+        graph_type: type[CudaGraph],
+        order: str = "dataflow",
+        opened_at: str = "",
+        into: CudaGraph | None = None,
+    ) -> None:
         if not isinstance(stream, Stream):
             raise ScopeStateError(
                 f"CudaGraph.scope() needs a scopegraph Stream, not {type(stream).__name__}\n"
@@ -75,13 +101,22 @@ class Scope:
         # imports this one, not the other way round).
         self._graph_type = graph_type
         self.order = order
+        # Programmatic dependent launch between PDL kernels (scopegraph._pdl); False: full edges only.
+        self.pdl = True
         self.opened_at = opened_at
         self._nodes: list[RecordedNode] = []
-        self._tracker = tracker(self._add_join)
+        # Dropped when the scope ends: its join callback refers back to the scope.
+        self._tracker: DataflowTracker | ProgramOrderTracker | None = tracker(self._add_join)
         self._pin = Pin(f"the open scope at {opened_at}")
         self._where = ("", 0)
         self._state = _State.NEW
         self._graph: CudaGraph | None = None
+        # The graph a clean exit records into again (CudaGraph.scope(stream, into=graph)), and the
+        # parameters recorded so far, by name (see _params).
+        self._into = into
+        self._params: dict[str, Param[Any]] = {}
+        # The loop or branch block open in this scope, if any (see _control): record is refused meanwhile.
+        self._inner: Block[object] | None = None
 
     def __repr__(self) -> str:
         return f"<Scope on stream #{self.stream.id}, {len(self._nodes)} nodes, {self._state.value}>"
@@ -112,17 +147,42 @@ class Scope:
                     help="record inside the `with CudaGraph.scope(stream) as s:` block",
                 )
             )
+        if self._inner is not None:
+            raise self._inner.busy("record into the scope")
         if not isinstance(op, GraphNode):
             raise _not_a_graph_node(op)
         check_runnable(op, self.stream)
+        if type(op) is KernelLaunch and op.params:
+            note_params(self._params, op)
         borrows = op.borrows
         frame = sys._getframe(1)
         self._where = (frame.f_code.co_filename, frame.f_lineno)
+        assert self._tracker is not None  # open scopes have one
         deps = self._tracker.add(borrows)
         self._pin.add(borrows)
-        node = RecordedNode(len(self._nodes), op, deps, self._where)
+        node = RecordedNode(len(self._nodes), op, deps, self._where, programmatic_deps(op, deps, self._nodes) if self.pdl else NONE)
         self._nodes.append(node)
         return node
+
+    # -- device-side control flow (scopegraph._control) --------------------------------------
+
+    def while_(self, flag: Tensor, max_iterations: int | None = None) -> Block[Body]:
+        """A loop the GPU runs while ``flag`` (a one-element sg.i32 tensor) is non-zero, checked
+        before each iteration: ``with s.while_(flag) as body: body.record(op)``. The body's ops may
+        write ``flag``. ``max_iterations`` bounds a runaway loop (see ``scopegraph._control``)."""
+        assert control is not None, "scopegraph._control registers itself on import"
+        return control.while_(self, flag, max_iterations, _frame(1))
+
+    def if_(self, flag: Tensor) -> Block[Body]:
+        """A branch taken when ``flag`` is non-zero: ``with s.if_(flag) as then: then.record(op)``."""
+        assert control is not None, "scopegraph._control registers itself on import"
+        return control.if_(self, flag, _frame(1))
+
+    def if_else(self, flag: Tensor) -> Block[tuple[Body, Body]]:
+        """A two-way branch: ``with s.if_else(flag) as (then, otherwise):`` records ``then`` (run
+        when ``flag`` is non-zero) and ``otherwise`` (run when it is zero)."""
+        assert control is not None, "scopegraph._control registers itself on import"
+        return control.if_else(self, flag, _frame(1))
 
     def _add_join(self, index: int, deps: frozenset[int]) -> None:
         """The tracker's join nodes, recorded where the op that needed them was."""
@@ -158,17 +218,25 @@ class Scope:
             self._abandon()
             return
         try:
-            executable = self.stream.device.backend.build(self._nodes, self.stream)
+            if self._into is not None:  # the graph takes the records, and the pin's allocations, itself
+                self._into._rerecord(tuple(self._nodes), self.stream, self._pin, self.order)
+            else:
+                executable = self.stream.device.backend.build(self._nodes, self.stream)
         except BaseException:
             self._abandon()
             raise
-        self._graph = self._graph_type(executable, tuple(self._nodes), self.stream, self._pin, self.order)
+        if self._into is not None:
+            self._graph = self._into
+        else:
+            self._graph = self._graph_type(executable, tuple(self._nodes), self.stream, self._pin, self.order)
         self._state = _State.DONE
         self._nodes = []
+        self._tracker = None
 
     def _abandon(self) -> None:
         self._pin.release()
         self._nodes = []
+        self._tracker = None
         self._state = _State.FAILED
 
 

@@ -38,8 +38,8 @@ class Stream:
         # The scope recording on this stream, if any: eager work then would run before the graph.
         self.recording: Scope | None = None
         self.id = next(_stream_ids)
-        # What was last submitted here, named in the error if the GPU faults afterwards.
-        self.last_work = ""
+        # What was last submitted here (an op's name, or a graph's id), named if the GPU faults later.
+        self.last_work: str | int = ""
 
     def __repr__(self) -> str:
         return f"<Stream #{self.id} on {self.device}>"

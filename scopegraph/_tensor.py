@@ -214,6 +214,19 @@ class Tensor:
                     help="close the graph first (graph.close() or a `with` block), then free",
                 )
             )
+        start, end = alloc.address, alloc.address + alloc.nbytes
+        wrappers = [
+            a for a in alloc.aliases() if a is not alloc and not a.freed and a.address < end and start < a.address + a.nbytes
+        ]
+        if wrappers:
+            raise LifetimeError(
+                diagnostic(
+                    f"cannot free `{self.name}`: another tensor wraps the same memory",
+                    [f"allocation `{a.label}` (a wrapper made through DLPack or __cuda_array_interface__) is alive" for a in wrappers],
+                    help="drop the wrappers first (del them), or drop this tensor instead of freeing it: "
+                    "its memory is then released when the last wrapper goes",
+                )
+            )
         alloc.freed = True
         alloc.storage = None
         if alloc.release is not None:

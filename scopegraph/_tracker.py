@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from sortedcontainers import SortedDict
 
 from ._borrow import Borrow
+from ._intervals import overlapping
 
 # A write that must wait for more readers than this waits for a join node instead.
 JOIN_THRESHOLD = 8
@@ -75,7 +76,7 @@ class DataflowTracker:
             if start == end:
                 continue
             exact = segments.get(start)
-            touched = (exact,) if exact is not None and exact.end == end else self._overlapping(start, end)
+            touched = (exact,) if exact is not None and exact.end == end else overlapping(segments, start, end)
             if b.mutable:
                 for seg in touched:
                     if seg.readers is not None:
@@ -94,17 +95,6 @@ class DataflowTracker:
         return frozenset(deps)
 
     # -- queries -----------------------------------------------------------------------------
-
-    def _overlapping(self, start: int, end: int) -> list[_Segment]:
-        segments = self._segments
-        found = []
-        i = segments.bisect_left(start) - 1  # the last segment that starts before `start`
-        if i >= 0:
-            before = segments.peekitem(i)[1]
-            if before.end > start:
-                found.append(before)
-        found.extend(segments[k] for k in segments.irange(start, end, inclusive=(True, False)))
-        return found
 
     def _wait_for_readers(self, readers: _Readers, deps: set[int]) -> None:
         head: _Readers | None = readers

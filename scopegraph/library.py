@@ -1,4 +1,5 @@
-"""Stock kernels: fill, add, axpy, add_scalar, noop, rms_norm and matvec, each with a numpy reference.
+"""Stock kernels: fill, add, axpy, add_scalar, noop, rms_norm, matvec, matvec_add, rms_norm_matvec,
+count_down and append_row, each with a numpy reference.
 
 The kernels are plain ``@sg.kernel`` declarations over ``kernels/library.cu``; launch them
 directly (``add[grid, block](out.mut(), a, b, n)``) or through the ``*_op`` helpers, which pick
@@ -7,6 +8,11 @@ the grid and block from the tensors' shapes. Every kernel declares what it touch
 however it is launched:
 
     s.record(library.matvec_op(q.mut(), norm, wq))
+
+Most are written for programmatic dependent launch and declared ``pdl=True`` (the weights they
+load before ``griddepcontrol.wait`` in ``reads_before_wait``): in a graph on an sm_90+ GPU they
+start while the kernel before them finishes. ``kernels/library.cu`` explains the pattern; its
+kernels are meant to be read as examples of it.
 """
 
 from __future__ import annotations
@@ -27,29 +33,34 @@ SOURCE = resources.files(__package__).joinpath("kernels/library.cu").read_text()
 F32 = Annotated[Tensor, TensorSpec(dt.float32)]
 MutF32 = Annotated[Mut[Tensor], TensorSpec(dt.float32)]
 F32Matrix = Annotated[Tensor, TensorSpec(dt.float32, rank=2)]
+MutI32 = Annotated[Mut[Tensor], TensorSpec(dt.int32)]
 
 NDArray = np.ndarray[Any, np.dtype[Any]]
 
 ELEMENTWISE_BLOCK = 256
-MATVEC_WARPS = 4
+# matvec family: 8 warps a block, 2 rows a warp (16 rows a block: one block per SM at d = 2048,
+# leaving room for the next kernel's blocks to start early under PDL).
+MATVEC_WARPS = 8
+MATVEC_ROWS_PER_WARP = 2
+MAX_SHARED_BYTES = 48 * 1024
 
 
-@kernel(SOURCE, touches={"out": "n"})
+@kernel(SOURCE, touches={"out": "n"}, pdl=True)
 def fill(out: MutF32, value: dt.f32, n: dt.i32) -> None:
     """out[:n] = value"""
 
 
-@kernel(SOURCE, touches={"out": "n", "a": "n", "b": "n"})
+@kernel(SOURCE, touches={"out": "n", "a": "n", "b": "n"}, pdl=True)
 def add(out: MutF32, a: F32, b: F32, n: dt.i32) -> None:
     """out[:n] = a[:n] + b[:n]"""
 
 
-@kernel(SOURCE, touches={"out": "n", "x": "n"})
+@kernel(SOURCE, touches={"out": "n", "x": "n"}, pdl=True)
 def axpy(out: MutF32, x: F32, a: dt.f32, n: dt.i32) -> None:
     """out[:n] += a * x[:n]"""
 
 
-@kernel(SOURCE, touches={"out": "n"})
+@kernel(SOURCE, touches={"out": "n"}, pdl=True)
 def add_scalar(out: MutF32, value: dt.f32, n: dt.i32) -> None:
     """out[:n] += value"""
 
@@ -59,14 +70,35 @@ def noop() -> None:
     """Nothing: the cost of a node itself."""
 
 
-@kernel(SOURCE, touches={"out": "grid_x * d", "x": "grid_x * d", "w": "d"})
+@kernel(SOURCE, touches={"out": "grid_x * d", "x": "grid_x * d", "w": "d"}, pdl=True, reads_before_wait=("w",))
 def rms_norm(out: MutF32, x: F32, w: F32, eps: dt.f32, d: dt.i32) -> None:
     """Each of the grid's rows: out = x * rsqrt(mean(x**2) + eps) * w. Template argument: block size."""
 
 
-@kernel(SOURCE, touches={"out": "n", "x": "k", "w": "n * k"})
+@kernel(SOURCE, touches={"out": "n", "x": "k", "w": "n * k"}, pdl=True, reads_before_wait=("w",))
 def matvec(out: MutF32, x: F32, w: F32Matrix, n: dt.i32, k: dt.i32) -> None:
-    """out[:n] = w[:n, :k] @ x[:k]"""
+    """out[:n] = w[:n, :k] @ x[:k]. Launch with k * 4 bytes of shared memory for the fast path."""
+
+
+@kernel(SOURCE, touches={"out": "n", "x": "k", "w": "n * k"}, pdl=True, reads_before_wait=("w",))
+def matvec_add(out: MutF32, x: F32, w: F32Matrix, n: dt.i32, k: dt.i32) -> None:
+    """out[:n] += w[:n, :k] @ x[:k] (a matvec with the residual add fused in)."""
+
+
+@kernel(SOURCE, touches={"out": "n", "x": "k", "nw": "k", "w": "n * k"}, pdl=True, reads_before_wait=("w",))
+def rms_norm_matvec(out: MutF32, x: F32, nw: F32, w: F32Matrix, eps: dt.f32, n: dt.i32, k: dt.i32) -> None:
+    """out[:n] = w[:n, :k] @ (x[:k] * nw[:k]) * rsqrt(mean(x[:k]**2) + eps): RMSNorm fused into the matvec after it."""
+
+
+@kernel(SOURCE, touches={"flag": "1"})
+def count_down(flag: MutI32) -> None:
+    """flag[0] -= 1 (one thread): the counter of a loop ``with s.while_(flag)`` that runs flag times."""
+
+
+@kernel(SOURCE, touches={"out": "limit * d", "position": "1", "flag": "1", "x": "d"})
+def append_row(out: MutF32, position: MutI32, flag: MutI32, x: F32, d: dt.i32, limit: dt.i32) -> None:
+    """out[row, :d] = x[:d] for row = position[0] < limit; then position[0] += 1 and
+    flag[0] = position[0] < limit. Launch one block: a decode loop's "emit this token"."""
 
 
 @fill.host
@@ -106,6 +138,33 @@ def _rms_norm(out: NDArray, x: NDArray, w: NDArray, eps: np.float32, d: np.int32
 @matvec.host
 def _matvec(out: NDArray, x: NDArray, w: NDArray, n: np.int32, k: np.int32) -> None:
     out.reshape(-1)[:n] = w[:n, :k] @ x.reshape(-1)[:k]
+
+
+@matvec_add.host
+def _matvec_add(out: NDArray, x: NDArray, w: NDArray, n: np.int32, k: np.int32) -> None:
+    out.reshape(-1)[:n] += w[:n, :k] @ x.reshape(-1)[:k]
+
+
+@rms_norm_matvec.host
+def _rms_norm_matvec(out: NDArray, x: NDArray, nw: NDArray, w: NDArray, eps: np.float32, n: np.int32, k: np.int32) -> None:
+    v = x.reshape(-1)[:k]
+    scale = np.float32(1.0 / np.sqrt(np.mean(v * v, dtype=np.float32) + eps))
+    out.reshape(-1)[:n] = (w[:n, :k] @ (v * nw.reshape(-1)[:k])) * scale
+
+
+@count_down.host
+def _count_down(flag: NDArray) -> None:
+    flag.reshape(-1)[0] -= 1
+
+
+@append_row.host
+def _append_row(out: NDArray, position: NDArray, flag: NDArray, x: NDArray, d: np.int32, limit: np.int32) -> None:
+    pos, fl = position.reshape(-1), flag.reshape(-1)
+    row = int(pos[0])
+    if 0 <= row < limit:
+        out.reshape(-1)[row * d : (row + 1) * d] = x.reshape(-1)[:d]
+    pos[0] = row + 1
+    fl[0] = int(row + 1 < limit)
 
 
 def _blocks(n: int, per_block: int) -> int:
@@ -151,12 +210,54 @@ def rms_norm_op(out: Mut[Tensor], x: Tensor, w: Tensor, eps: float) -> KernelLau
     return rms_norm.generics(block)[x.size // d, block](out, x, w, eps, d)
 
 
+def _matrix(w: Tensor, helper: str) -> tuple[int, int, int, int]:
+    """(n, k, grid, shared bytes) of a matvec-family launch over ``w`` of shape (n, k)."""
+    if borrowed_tensor(w, False, helper, "w").ndim != 2:
+        raise SignatureError(f"{helper} needs a matrix `w`; `{w.name}` has shape {w.shape}\nhelp: view it as (n, k)")
+    n, k = w.shape
+    shared = 4 * k if 4 * k <= MAX_SHARED_BYTES else 0  # x staged in shared memory (the fast path)
+    return n, k, _blocks(n, MATVEC_WARPS * MATVEC_ROWS_PER_WARP), shared
+
+
 def matvec_op(out: Mut[Tensor], x: Tensor, w: Tensor) -> KernelLaunch:
     """``out = w @ x`` for ``w`` of shape (n, k)."""
-    if borrowed_tensor(w, False, "matvec_op", "w").ndim != 2:
-        raise SignatureError(f"matvec_op needs a matrix `w`; `{w.name}` has shape {w.shape}\nhelp: view it as (n, k)")
-    n, k = w.shape
-    return matvec[_blocks(n, MATVEC_WARPS), 32 * MATVEC_WARPS](out, x, w, n, k)
+    n, k, grid, shared = _matrix(w, "matvec_op")
+    return matvec[grid, 32 * MATVEC_WARPS, shared](out, x, w, n, k)
 
 
-ALL_KERNELS = (fill, add, axpy, add_scalar, noop, rms_norm.generics(rms_norm_block(2048)), matvec)
+def matvec_add_op(out: Mut[Tensor], x: Tensor, w: Tensor) -> KernelLaunch:
+    """``out += w @ x`` for ``w`` of shape (n, k): a matvec and a residual add in one kernel."""
+    n, k, grid, shared = _matrix(w, "matvec_add_op")
+    return matvec_add[grid, 32 * MATVEC_WARPS, shared](out, x, w, n, k)
+
+
+def rms_norm_matvec_op(out: Mut[Tensor], x: Tensor, nw: Tensor, w: Tensor, eps: float) -> KernelLaunch:
+    """``out = w @ rms_norm(x, nw, eps)`` for ``w`` of shape (n, k): the RMSNorm of one row fused
+    into the matvec after it."""
+    n, k, grid, shared = _matrix(w, "rms_norm_matvec_op")
+    return rms_norm_matvec[grid, 32 * MATVEC_WARPS, shared](out, x, nw, w, eps, n, k)
+
+
+def count_down_op(flag: Mut[Tensor]) -> KernelLaunch:
+    """``flag[0] -= 1``: end a loop body with it to run the loop ``flag`` times."""
+    return count_down[1, 1](flag)
+
+
+def append_row_op(out: Mut[Tensor], position: Mut[Tensor], flag: Mut[Tensor], x: Tensor) -> KernelLaunch:
+    """Write ``x`` into row ``position[0]`` of ``out`` (rows, x.size), advance ``position`` and set
+    ``flag`` to ``position < rows``: the step that ends each iteration of a decode loop."""
+    rows_out = _written(out, "append_row_op")
+    d = borrowed_tensor(x, False, "append_row_op", "x").size
+    if rows_out.ndim != 2 or rows_out.shape[1] != d:
+        raise SignatureError(
+            f"append_row_op needs `out` of shape (rows, {d}) for `x` of {d} elements; "
+            f"`{rows_out.name}` has shape {rows_out.shape}\n"
+            f"help: make out with dev.zeros((tokens, {d}))"
+        )
+    return append_row[1, min(1024, max(32, -(-d // 32) * 32))](out, position, flag, x, d, rows_out.shape[0])
+
+
+ALL_KERNELS = (
+    fill, add, axpy, add_scalar, noop, rms_norm.generics(rms_norm_block(2048)), matvec, matvec_add, rms_norm_matvec,
+    count_down, append_row,
+)

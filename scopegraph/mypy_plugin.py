@@ -10,7 +10,9 @@ What it checks
 In every call that builds a graph node (a kernel launch ``k[grid, block](...)``, ``sg.memcpy``,
 ``sg.memset``, the ``scopegraph.library`` helpers, and any function or method of yours whose
 declared return type is a ``GraphNode`` subclass), the same *place* may not be passed both as a
-mutable borrow and as another argument::
+mutable borrow and as another argument. The check is on the call that builds the op, so it holds
+wherever the op is recorded: ``s.record``, or ``body.record`` inside ``with s.while_(flag) as
+body:`` / ``s.if_`` / ``s.if_else`` (typed like ``Scope.record``)::
 
     s.record(add[g, b](y.mut(), y, x))
     # error: cannot borrow `y` as immutable because it is also borrowed as mutable  [scopegraph-borrow]
@@ -27,7 +29,9 @@ The error code ``scopegraph-borrow`` can be silenced per line like any other
 (``# type: ignore[scopegraph-borrow]``).
 
 It also names the kernel in mypy's messages for a launch (``Argument 1 to "axpy" has
-incompatible type ...``).
+incompatible type ...``), and lets a launch take a graph parameter where the kernel takes a
+scalar: an ``sg.f32`` parameter accepts ``float`` or ``sg.Param[float]``, an ``sg.i32`` one
+``int`` or ``sg.Param[int]`` (see ``scopegraph._params``).
 
 What it cannot see
 ------------------
@@ -49,7 +53,7 @@ from collections.abc import Callable
 from mypy.errorcodes import ErrorCode
 from mypy.nodes import CallExpr, Decorator, Expression, FuncDef, IndexExpr, IntExpr, MemberExpr, NameExpr, OverloadedFuncDef, RefExpr, StrExpr, TypeInfo
 from mypy.plugin import FunctionContext, MethodContext, MethodSigContext, Plugin
-from mypy.types import CallableType, Instance, Parameters, ProperType, Type, get_proper_type
+from mypy.types import CallableType, Instance, Parameters, ProperType, Type, UnionType, get_proper_type
 
 BORROW = ErrorCode("scopegraph-borrow", "Conflicting borrows of one place in one graph op", "scopegraph")
 
@@ -58,6 +62,8 @@ _KERNEL_GETITEM = "scopegraph._kernel.Kernel.__getitem__"
 _LAUNCHER = "scopegraph._kernel.Launcher"
 _LAUNCHER_CALL = "scopegraph._kernel.Launcher.__call__"
 _MUT_FUNCTIONS = ("scopegraph._tensor.mut",)
+_PARAM = "scopegraph._params.Param"
+_SCALARS = ("builtins.float", "builtins.int", "builtins.bool")
 
 
 def place_of(expr: Expression) -> str | None:
@@ -154,7 +160,15 @@ class ScopeGraphPlugin(Plugin):
         return None
 
     def get_method_signature_hook(self, fullname: str) -> Callable[[MethodSigContext], CallableType] | None:
-        return _name_the_kernel if fullname == _LAUNCHER_CALL else None
+        return self._launch_signature if fullname == _LAUNCHER_CALL else None
+
+    def _launch_signature(self, ctx: MethodSigContext) -> CallableType:
+        """The kernel's name in messages, and ``sg.Param[T]`` accepted where it takes a scalar ``T``."""
+        signature = _name_the_kernel(ctx)
+        sym = self.lookup_fully_qualified(_PARAM)
+        if sym is None or not isinstance(sym.node, TypeInfo):
+            return signature
+        return _accept_params(sym.node, signature)
 
     def _launcher_type(self, ctx: MethodContext) -> Type:
         """``k[grid, block]`` as ``Launcher[P]``, so the call it makes reaches the hooks above."""
@@ -171,6 +185,17 @@ def _name_the_kernel(ctx: MethodSigContext) -> CallableType:
     context = ctx.context
     name = _kernel_name(context.callee) if isinstance(context, CallExpr) else None
     return ctx.default_signature.copy_modified(name=name) if name else ctx.default_signature
+
+
+def _accept_params(param: TypeInfo, signature: CallableType) -> CallableType:
+    """A scalar parameter ``T`` (float, int, bool) also takes ``sg.Param[T]``."""
+    widened: list[Type] = []
+    for typ in signature.arg_types:
+        proper = get_proper_type(typ)
+        if isinstance(proper, Instance) and proper.type.fullname in _SCALARS:
+            typ = UnionType([typ, Instance(param, [typ])])
+        widened.append(typ)
+    return signature.copy_modified(arg_types=widened)
 
 
 def plugin(version: str) -> type[Plugin]:

@@ -198,7 +198,7 @@ class Program:
             "dev = sg.device(...)  # the backend the test ran on",
             "stream, other = dev.stream(), dev.stream()",
         ]
-        for a, values in zip(self.allocs, init):
+        for a, values in zip(self.allocs, init, strict=True):
             data = "[" + ", ".join(str(int(v)) for v in values) + "]"
             lines.append(f'{a.name} = dev.from_numpy(np.array({data}, np.float32).reshape({a.shape}), name="{a.name}")')
         for al in self.aliases:
@@ -237,7 +237,9 @@ class Program:
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
         """How hypothesis prints a falsifying example; the test's note() prints the code."""
         refused = self.refusal.kind if self.refusal else "none"
-        printer.text(f"<Program: {len(self.allocs)} tensors, {len(self.ops)} ops, refused op: {refused}; code in the note below>")
+        printer.text(
+            f"<Program: {len(self.allocs)} tensors, {len(self.ops)} ops, refused op: {refused}; code in the note below>"
+        )
 
     def features(self) -> Counter[str]:
         """What this program exercises, for the coverage figures of the fuzz run."""
@@ -289,6 +291,16 @@ class _Space:
         name, out = a.name, []
         if s == 0 and e == a.size:
             out.append(name)
+        if not aliases:  # the source of an alias: 1-D, so that the alias indexes elements
+            return (
+                [f for f in out if len(a.shape) == 1]
+                + [f"{name}.view((-1,))[{s}:{e}]"]
+                + (
+                    [f"{name}[{s // a.shape[1]}]"]
+                    if len(a.shape) == 2 and s % a.shape[1] == 0 and e - s == a.shape[1]
+                    else []
+                )
+            )
         if len(a.shape) == 1:
             out.append(f"{name}[{s}:{e}]")
         else:
@@ -340,7 +352,8 @@ class _Space:
 def _size(draw: st.DrawFn, sp: _Space, least: int = 0) -> int:
     """An element count: mostly small, so that several views fit in one allocation."""
     top = sp.max_size
-    return draw(st.one_of(st.integers(least, min(top, 6)), st.integers(least, top)))
+    small = st.integers(1, min(top, 6))
+    return draw(st.one_of(small, small, st.integers(least, top)))
 
 
 def _value(draw: st.DrawFn) -> float:
@@ -391,7 +404,8 @@ def _valid_op(draw: st.DrawFn, sp: _Space) -> OpSpec | None:
                 if r is None:
                     return None
                 ins.append(r)
-        n = draw(st.integers(0, min([out.size] + [r.size for r in ins])))
+        most = min([out.size] + [r.size for r in ins])
+        n = draw(st.one_of(st.just(most), st.integers(0, most)))
         value = _alpha(draw) if name == "axpy" else _value(draw)
         return _raw_op(draw, name, out, ins, n, value)
     n = _size(draw, sp)
@@ -492,7 +506,9 @@ def programs(draw: st.DrawFn, max_ops: int = MAX_OPS, replays: int = REPLAYS) ->
     final = sp.ref(draw, _size(draw, sp))
     assert final is not None  # n ranges over sizes that fit the largest allocation
     launch_on_other = tuple(draw(st.booleans()) for _ in range(replays))
-    return Program(tuple(allocs), seed, tuple(sp.aliases), tuple(sp.frozen), tuple(ops), refusal, launch_on_other, final)
+    return Program(
+        tuple(allocs), seed, tuple(sp.aliases), tuple(sp.frozen), tuple(ops), refusal, launch_on_other, final
+    )
 
 
 # -- running ------------------------------------------------------------------------------------
@@ -516,7 +532,7 @@ class TensorSet:
 
     def __post_init__(self) -> None:
         self.ns.update(sg=sg, library=library, np=np)
-        for a, values in zip(self.program.allocs, self.program.initial()):
+        for a, values in zip(self.program.allocs, self.program.initial(), strict=True):
             t = self.device.from_numpy(values.reshape(a.shape), name=a.name)
             self.tensors.append(t)
             self.ns[a.name] = t
@@ -546,12 +562,16 @@ class TensorSet:
         return [t.name for t in self.tensors + self.aliases if t.allocation.pins]
 
     def free(self) -> None:
+        """Drop the foreign wrappers, then free the tensors. (Freeing a tensor while a wrapper of
+        it lives leaves the wrapper dangling; that is tested elsewhere, not by the fuzzer.)"""
+        self.aliases.clear()
+        self.ns.clear()
         for t in self.tensors:
             t.free()
 
 
 def assert_memory(where: str, got: list[NDArray], want: list[NDArray], program: Program) -> None:
-    for a, g, w in zip(program.allocs, got, want):
+    for a, g, w in zip(program.allocs, got, want, strict=True):
         if not np.array_equal(g, w):
             bad = np.flatnonzero(g != w)
             raise AssertionError(
@@ -560,7 +580,9 @@ def assert_memory(where: str, got: list[NDArray], want: list[NDArray], program: 
             )
 
 
-def assert_edges_order_conflicts(program: Program, nodes: Sequence[sg.RecordedNode], edges: list[tuple[int, int]]) -> None:
+def assert_edges_order_conflicts(
+    program: Program, nodes: Sequence[sg.RecordedNode], edges: list[tuple[int, int]]
+) -> None:
     """Every pair of ops that touch a common element, one writing it, is ordered by the graph's edges."""
     succ: dict[int, list[int]] = {}
     for a, b in edges:
@@ -603,7 +625,9 @@ def _reset_segments(program: Program, frozen: Sequence[Ref]) -> list[tuple[int, 
     return out
 
 
-def _attempt_refused(ts: TensorSet, program: Program, submit: Callable[[sg.GraphNode], object], steps: list[str]) -> None:
+def _attempt_refused(
+    ts: TensorSet, program: Program, submit: Callable[[sg.GraphNode], object], steps: list[str]
+) -> None:
     """Build the program's refused op, freeze (late_freeze) and submit it (run or record). It must
     raise BorrowError; ``steps`` ends with the step that raised."""
     r = program.refusal
@@ -618,7 +642,9 @@ def _attempt_refused(ts: TensorSet, program: Program, submit: Callable[[sg.Graph
     steps.append("accepted")
 
 
-def _expect_refusal(info: pytest.ExceptionInfo[sg.BorrowError], program: Program, steps: list[str], want: set[str]) -> None:
+def _expect_refusal(
+    info: pytest.ExceptionInfo[sg.BorrowError], program: Program, steps: list[str], want: set[str]
+) -> None:
     r = program.refusal
     assert r is not None
     assert steps[-1] in want, f"{r.kind}: BorrowError raised at step {steps[-1]!r}, expected at {sorted(want)}"
@@ -640,6 +666,7 @@ def run_program(device: sg.Device, stream: sg.Stream, other: sg.Stream, program:
             _attempt_refused(eager, program, stream.run, steps)
         want = {"overlap": {"build"}, "frozen": {"build", "submit"}, "late_freeze": {"submit"}}[r.kind]
         _expect_refusal(info, program, steps, want)
+        del info
     stream.sync()
     assert_memory("eager", eager.read(), prefix_model, program)
     assert eager.pinned() == []
@@ -649,16 +676,16 @@ def run_program(device: sg.Device, stream: sg.Stream, other: sg.Stream, program:
     rep = TensorSet(program, device)
     if r is not None:
         steps = []
-        with pytest.raises(sg.BorrowError) as info:
-            with CudaGraph.scope(stream) as failed:
-                for spec in program.ops:
-                    failed.record(rep.op(spec))
-                _attempt_refused(rep, program, failed.record, steps)
+        with pytest.raises(sg.BorrowError) as info, CudaGraph.scope(stream) as failed:
+            for spec in program.ops:
+                failed.record(rep.op(spec))
+            _attempt_refused(rep, program, failed.record, steps)
         if r.kind == "late_freeze" and program.late_freeze_refused_in_scope():
             want = {"freeze"}
         else:
             want = {"build"} if r.kind == "overlap" else {"build", "submit"}
         _expect_refusal(info, program, steps, want)
+        del info
         assert stream.recording is None
         with pytest.raises(sg.ScopeStateError):
             failed.graph
@@ -685,7 +712,9 @@ def run_program(device: sg.Device, stream: sg.Stream, other: sg.Stream, program:
         else:
             graph.launch()
             graph.sync()
-        assert_memory(f"replay {k + 1} (on {'another stream' if on_other else 'graph.stream'})", rep.read(), prefix_model, program)
+        assert_memory(
+            f"replay {k + 1} (on {'another stream' if on_other else 'graph.stream'})", rep.read(), prefix_model, program
+        )
 
     # 5. freeze() is refused exactly while the live graph writes that memory.
     target = rep.eval(program.final_freeze.expr)
@@ -698,6 +727,7 @@ def run_program(device: sg.Device, stream: sg.Stream, other: sg.Stream, program:
         target.freeze()
         graph.close()
     assert rep.pinned() == [], f"pinned after graph.close(): {rep.pinned()}"
+    del target, nodes, graph, s
     rep.free()
     for t in sources:
         t.free()

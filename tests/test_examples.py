@@ -18,6 +18,9 @@ EXAMPLES = {
     "transformer_layers.py": ["--d", "128", "--layers", "2", "--tokens", "4"],
     "dataflow.py": [],
     "safety.py": [],
+    "shape_cache.py": [],
+    "param_update.py": [],
+    "decode_loop.py": ["--d", "64", "--layers", "2", "--tokens", "8"],
 }
 
 
@@ -35,6 +38,22 @@ CLAIMS: dict[str, list[str]] = {
     "dataflow.py": [
         r"dataflow: 200 nodes, 4 root\(s\), 196 edges",
         r" program: 200 nodes, 1 root\(s\), 199 edges",
+    ],
+    "decode_loop.py": [
+        r"2 layers, d=64, on \S+: decode graph = memset\(mut position, 0\), memset\(mut more, 1\), while\(more, max 8\) \[11 nodes\]",
+        r"8 tokens in one launch equal 8 launches of the one-token graph: yes; vs float64 numpy: \d\.\d\de-0[5-9]",
+        r"one launch: +\d+\.\d tokens/s; 8 launches: +\d+\.\d tokens/s -> \d+\.\d\dx",
+        r"--- a runaway loop: LoopLimitError\nthe loop `while\(stuck\)` recorded at \S+decode_loop.py:\d+ ran max_iterations=3 iterations",
+    ],
+    "shape_cache.py": [
+        r"40 requests, sizes 9\.\.245, buckets \(64, 128, 256\)",
+        r"hits=30 misses=10 evictions=8 cached=\[256, 128\]",
+        r"results matching numpy: 40/40",
+    ],
+    "param_update.py": [
+        r"sg\.Param: 50 steps, last_update=nodes, graph\.params=\{'scale': 1\.5\}, matches eager: True",
+        r"rebind: 50 steps, last_update=nodes, last node: axpy\(mut y, input1\), matches eager: True",
+        r"into=: 50 steps, last_update=whole, matches eager: True",
     ],
     "transformer_layers.py": [r"2 layers, d=128, on \S+: 10 graph nodes", r"graph vs eager: 0\.00e\+00; graph vs float64 numpy: \d\.\d\de-0[5-9]"],
 }

@@ -131,31 +131,24 @@ def test_two_torch_wrappers_are_one_allocation(cuda: sg.Device) -> None:
     np.testing.assert_array_equal(out.numpy(), 3.0)
 
 
-def test_update_then_launch_on_another_stream_is_ordered(cuda: sg.Device) -> None:
-    """Issue 8 case 5: graph.update(op) on the graph's stream, then launch(stream=other)."""
-    home, other = cuda.stream(), cuda.stream()
+@pytest.mark.parametrize("how", ["graph.update", "eager on a third stream"])
+def test_work_queued_before_a_replay_on_another_stream_is_ordered(cuda: sg.Device, how: str) -> None:
+    """Issue 8 case 5: graph.update(op) on the graph's stream, or an eager op on any stream, then a
+    replay launched elsewhere: the replay waits for it."""
+    home, other, side = cuda.stream(), cuda.stream(), cuda.stream()
     inp = cuda.full((N,), 1.0, name="inp")
     out = cuda.zeros((N,), name="out")
     with CudaGraph.scope(home) as s:
         s.record(sg.memcpy(out.mut(), inp))
     with s.graph as g:
-        g.update(slow_fill[N // 256, 256](inp.mut(), 2.0, N, CYCLES))  # slow: still running at the launch
+        slow = slow_fill[N // 256, 256](inp.mut(), 2.0, N, CYCLES)  # still running at the launch
+        if how == "graph.update":
+            g.update(slow)
+        else:
+            side.run(slow)
         g.launch(stream=other)
         other.sync()
         np.testing.assert_array_equal(out.numpy(), 2.0)
-
-
-def test_eager_work_on_a_third_stream_is_ordered_before_the_replay(cuda: sg.Device) -> None:
-    home, side = cuda.stream(), cuda.stream()
-    inp = cuda.full((N,), 1.0, name="inp")
-    out = cuda.zeros((N,), name="out")
-    with CudaGraph.scope(home) as s:
-        s.record(sg.memcpy(out.mut(), inp))
-    with s.graph as g:
-        side.run(slow_fill[N // 256, 256](inp.mut(), 5.0, N, CYCLES))
-        g.launch()
-        home.sync()
-        np.testing.assert_array_equal(out.numpy(), 5.0)
 
 
 def test_a_graph_launched_on_two_streams_in_turn_never_overlaps_itself(cuda: sg.Device) -> None:
@@ -249,3 +242,17 @@ def test_launch_limits_are_checked_before_the_gpu_sees_them(cuda: sg.Device) -> 
             library.fill[grid, block](x.mut(), 1.0, 4)
     with pytest.raises(sg.SignatureError, match="cannot hold exactly"):
         library.fill[1, 32](x.mut(), 1.0, 2**40)
+
+
+def test_free_is_refused_while_a_wrapper_of_the_memory_lives(cuda: sg.Device) -> None:
+    """A wrapper made through DLPack would dangle (and keep a stale freeze) after free()."""
+    t = cuda.zeros((8,), name="t")
+    a = sg.Tensor.from_dlpack(t, name="a")
+    a.freeze()
+    with pytest.raises(sg.LifetimeError, match="another tensor wraps the same memory"):
+        t.free()
+    del a
+    gc.collect()
+    t.free()
+    fresh = cuda.zeros((8,))  # may reuse t's memory: no stale freeze follows it
+    cuda.stream().run(library.fill_op(fresh.mut(), 1.0))

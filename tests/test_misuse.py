@@ -365,6 +365,15 @@ def free_while_a_graph_pins(c: Ctx) -> None:
     x.free()
 
 
+@case("LifetimeError", r"`x`", r"another tensor wraps the same memory")
+def free_while_a_wrapper_of_the_memory_lives(c: Ctx) -> None:
+    """x.free() while a DLPack wrapper of x's memory (frozen through the wrapper) is alive."""
+    x = c.full(16, 1.0, "x")
+    wrapper = sg.Tensor.from_dlpack(x, name="wrapper").freeze()
+    c.keep.append(wrapper)
+    x.free()
+
+
 @case("LifetimeError", r"freed", r"`x`")
 def use_after_free_in_a_scope(c: Ctx) -> None:
     """A kernel reading a freed tensor, built and recorded after a valid record."""

@@ -64,7 +64,11 @@ def device_memory(device: sg.Device) -> dict[str, int]:
     attrs = core.memory_resource.attributes
     err, free, _total = driver.cuMemGetInfo()
     assert int(err) == 0, f"cuMemGetInfo failed: {err}"
-    return {"pool_used": int(attrs.used_mem_current), "pool_reserved": int(attrs.reserved_mem_current), "free": int(free)}
+    return {
+        "pool_used": int(attrs.used_mem_current),
+        "pool_reserved": int(attrs.reserved_mem_current),
+        "free": int(free),
+    }
 
 
 def settle(device: sg.Device) -> None:
@@ -90,7 +94,9 @@ def _cycle(
     tmp = device.full((size,), -1.0, name=f"tmp{i}")
     out = device.zeros((WIDTH,), name=f"out{i}")
     replays = 1 + i % 3
-    alias = sg.Tensor.from_dlpack(tmp[WIDTH : 2 * WIDTH] if size > WIDTH else tmp, name=f"alias{i}") if kind == 4 else None
+    alias = (
+        sg.Tensor.from_dlpack(tmp[WIDTH : 2 * WIDTH] if size > WIDTH else tmp, name=f"alias{i}") if kind == 4 else None
+    )
     try:
         with CudaGraph.scope(stream) as s:
             s.record(library.fill_op(tmp[0:WIDTH].mut(), value))
@@ -162,7 +168,9 @@ def test_soak_scopes_leave_nothing_behind(sg_device: sg.Device) -> None:
     for t in (x, w, acc):
         assert not pinned(t), f"{t.name} still pinned by {t.allocation.pins}"
     if before:
-        assert after["pool_used"] == before["pool_used"], f"pool bytes in use: {before['pool_used']} -> {after['pool_used']}"
+        assert after["pool_used"] == before["pool_used"], (
+            f"pool bytes in use: {before['pool_used']} -> {after['pool_used']}"
+        )
         assert after["free"] >= before["free"] - FREE_SLACK, f"device free memory: {before['free']} -> {after['free']}"
     assert_stream_usable(stream)
     acc.free()

@@ -87,10 +87,9 @@ def test_threads_record_and_replay_their_own_graphs(sg_device: sg.Device) -> Non
                 np.testing.assert_array_equal(z.numpy(), z_want, err_msg=f"thread {tid} round {r}")
                 np.testing.assert_array_equal(y.numpy(), y_want, err_msg=f"thread {tid} round {r}")
             if r % 8 == 3:  # a scope that fails: nothing left pinned or recording on this stream
-                with pytest.raises(sg.BorrowError):
-                    with CudaGraph.scope(stream) as bad:
-                        bad.record(library.fill_op(z.mut(), 1.0))
-                        bad.record(sg.memcpy(y.mut(), y))  # type: ignore[scopegraph-borrow]  # the runtime check under test
+                with pytest.raises(sg.BorrowError), CudaGraph.scope(stream) as bad:
+                    bad.record(library.fill_op(z.mut(), 1.0))
+                    bad.record(sg.memcpy(y.mut(), y))  # type: ignore[scopegraph-borrow]  # the runtime check under test
                 assert stream.recording is None and not pinned(y) and not pinned(z)
             y.free()
             z.free()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -21,6 +21,13 @@ class Executable(Protocol):
     def launch(self, stream: Stream) -> None: ...
 
     def close(self) -> None: ...
+
+    # changes (scopegraph._params, _rebind): for the replays launched from now on
+    def update_node(self, index: int, op: GraphNode, values: Mapping[str, np.generic]) -> None:
+        """Node ``index`` runs ``op`` (the same kind of node) with these sg.Param values."""
+
+    def update_whole(self, nodes: Sequence[RecordedNode]) -> bool:
+        """Take a recording of the same topology; False if the backend refuses (then rebuild)."""
 
 
 class Backend(Protocol):

@@ -32,7 +32,7 @@ import os
 import re
 import tempfile
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -43,6 +43,7 @@ from cuda.core.graph import GraphDefinition
 from cuda.core.utils import StridedMemoryView
 
 from .._compile import compile_kernel
+from .._control import ControlNode, If, While, sg_condition
 from .._errors import CudaError
 from .._kernel import KernelLaunch
 from .._lifetime import note_eager_use
@@ -74,6 +75,17 @@ def _result_name(text: str) -> str:
     return {"CUDA_ERROR_LAUNCH_FAILURE": "CUDA_ERROR_LAUNCH_FAILED"}.get(name, name)
 
 
+def describe_work(last: tuple[object, Stream] | None) -> str:
+    """What was submitted last (an op's name, or a graph's id), for fault messages: formatted
+    only when an error needs it, since recording it sits on the launch path. Neither keeps the
+    op or the graph alive."""
+    if last is None:
+        return ""
+    work, stream = last
+    what = f"graph #{work}" if isinstance(work, int) else f"`{work}`"
+    return f"{what} on stream #{stream.id}"
+
+
 def cuda_error(operation: str, exc: Exception, last_work: str = "") -> CudaError:
     """A CudaError naming the CUresult that cuda.core's exception carries (and, since a fault
     surfaces at a later call, the work submitted last)."""
@@ -97,20 +109,123 @@ class _CudaExecutable:
         self.backend = backend
         self.graph = graph
         self.definition = definition
+        # The definition nodes the graph was instantiated from, in record order: they name its
+        # nodes for node updates, also after a whole-graph update (the driver pairs nodes in order).
         self.nodes = nodes
+        self._views: dict[int, Any] = {}  # node index -> cuda.core executable-node view, made on first update
 
     def launch(self, stream: Stream) -> None:
         backend = self.backend
         backend.make_current()
-        backend.last_work = f"{stream.last_work} on stream #{stream.id}"
+        backend.last_work = (stream.last_work, stream)
         try:
             self.graph.launch(stream.native)  # type: ignore[arg-type]
         except Exception as exc:
-            raise cuda_error("cuGraphLaunch", exc, backend.last_work) from exc
+            raise cuda_error("cuGraphLaunch", exc, describe_work(backend.last_work)) from exc
 
     def close(self) -> None:
         with contextlib.suppress(Exception):  # after a sticky fault the driver refuses; the process is ending anyway
             self.graph.close()
+
+    # -- changes (scopegraph._params and _rebind) --------------------------------------------
+
+    def update_node(self, index: int, op: GraphNode, values: Mapping[str, np.generic]) -> None:
+        """Node update: node ``index`` runs ``op`` (the same kind of node, e.g. with new parameter
+        values or new tensors) in the replays launched from now on; those already launched are
+        unaffected. A kernel node takes its whole argument list again."""
+        backend = self.backend
+        try:
+            if type(op) is not KernelLaunch and not (isinstance(op, Memcpy | Memset) and op.dst.nbytes):
+                return  # an empty node (a join, or a 0-byte copy or fill): nothing to change
+            view = self._views.get(index)
+            if view is None:
+                backend.make_current()
+                view = self._views[index] = self.graph[self.nodes[index]]
+            if type(op) is KernelLaunch:
+                native = op.native
+                if native is None:
+                    native = op.native = backend._bind(op)
+                fn, config, args = native
+                if op.params:
+                    resolved = list(args)
+                    for i, p in op.params:
+                        resolved[i] = values.get(p.name, p.default)
+                    args = tuple(resolved)
+                view.update(config=config, kernel=fn, args=args)
+            elif isinstance(op, Memcpy | Memset):
+                dst = op.dst.allocation.address + op.dst.offset
+                if isinstance(op, Memcpy):
+                    view.update(dst=dst, src=op.src.allocation.address + op.src.offset, size=op.dst.nbytes)
+                else:
+                    view.update(dst=dst, value=_fill_value(op.pattern), width=op.dst.nbytes // len(op.pattern))
+        except CudaError:
+            raise
+        except Exception as exc:
+            what = f"updating node {index} (`{op.name}`) of an executable graph"
+            raise cuda_error(what, exc, describe_work(backend.last_work)) from exc
+
+    def update_whole(self, nodes: Sequence[RecordedNode]) -> bool:
+        """Whole-graph update from a new recording of the same topology (the caller compared it):
+        False when the driver refuses it, and the caller instantiates the recording instead."""
+        backend = self.backend
+        backend.make_current()
+        with backend.driver_call("building the graph definition"):
+            definition = GraphDefinition()
+            bounded: list[While] = []
+            backend._define(definition, nodes, bounded)
+        try:
+            self.graph.update(definition)  # cuGraphExecUpdate: a refusal leaves a graph we then replace
+        except Exception:
+            return False
+        self.bounded = tuple(bounded)
+        return True
+
+    # Loops recorded with max_iterations: the GPU stops one at its bound and marks its counter;
+    # graph.sync() then calls after_sync, which reports it (see scopegraph._control).
+    bounded: tuple[While, ...] = ()
+
+    def after_sync(self) -> None:
+        for loop in self.bounded:
+            counter = loop.counter
+            assert counter is not None
+            if counter.numpy()[1]:
+                self.backend.write(counter, np.zeros(2, np.int32), None)
+                raise loop.limit_error(0)
+
+    # Whether edges between PDL kernels are programmatic in this graph (sm_90+; scopegraph._pdl).
+    pdl = False
+
+    def driver_edges(self) -> list[tuple[int, int, bool]]:
+        """The graph's edges as the driver has them: (predecessor index, node index, programmatic),
+        indices in record order, top level only. Read with cuGraphGetEdges and its edge data
+        (cuda.bindings): cuda.core's ``edges()`` raises CUDA_ERROR_LOSSY_QUERY on programmatic edges."""
+        from cuda.bindings import driver
+
+        handle = self.definition.handle
+        with self.backend.driver_call("cuGraphGetEdges"):
+            err, _, _, _, count = driver.cuGraphGetEdges(handle, 0)
+            if err != driver.CUresult.CUDA_SUCCESS:
+                raise RuntimeError(f"cuGraphGetEdges: {err.name}")
+            err, froms, tos, data, count = driver.cuGraphGetEdges(handle, count)
+            if err != driver.CUresult.CUDA_SUCCESS:
+                raise RuntimeError(f"cuGraphGetEdges: {err.name}")
+        index = {int(n.handle): i for i, n in enumerate(self.nodes)}
+        programmatic = int(driver.CUgraphDependencyType.CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC)
+        succ: dict[int, list[tuple[int, bool]]] = collections.defaultdict(list)
+        for f, t, e in zip(froms[:count], tos[:count], data[:count]):
+            succ[int(f)].append((int(t), int(e.type) == programmatic))
+        found = set()
+        for start, i in index.items():
+            # Nodes the backend adds on its own (a loop's condition kernel) are looked through.
+            todo, seen = list(succ[start]), set()
+            while todo:
+                t, kind = todo.pop()
+                if t in index:
+                    found.add((i, index[t], kind))
+                elif t not in seen:
+                    seen.add(t)
+                    todo += [(u, False) for u, _ in succ[t]]
+        return sorted(found)
 
     def driver_dot(self) -> str:
         """The driver's own DOT dump of the graph definition."""
@@ -126,12 +241,14 @@ class CudaBackend:
     name = "cuda"
 
     def __init__(self, index: int) -> None:
-        self.last_work = ""
+        self.last_work: tuple[object, Stream] | None = None
         self._current = threading.local()
         with self.driver_call(f"initialising cuda:{index}"):
             self.core = CoreDevice(index)
             self.make_current()
             self.arch = f"sm_{self.core.arch}"
+            # Programmatic edges between PDL kernels need sm_90 (Hopper) or later.
+            self.pdl = int(self.core.arch) >= 90
             # Allocations and frees are ordered on this stream; allocations are waited for, so a
             # tensor made eagerly is ready for any stream.
             self.memory_stream = self.core.create_stream()
@@ -153,7 +270,7 @@ class CudaBackend:
         except CudaError:
             raise
         except Exception as exc:
-            raise cuda_error(operation, exc, self.last_work) from exc
+            raise cuda_error(operation, exc, describe_work(self.last_work)) from exc
 
     # -- memory ---------------------------------------------------------------------------
 
@@ -190,9 +307,6 @@ class CudaBackend:
                 return
             if not all(e.is_done for e in entry[0]):
                 graveyard.append(entry)
-
-    def address(self, alloc: Allocation) -> int:
-        return alloc.address
 
     def _view(self, tensor: Tensor) -> Buffer:
         """A non-owning Buffer over a tensor's bytes, keeping the allocation alive while it lives."""
@@ -242,6 +356,7 @@ class CudaBackend:
 
     def wait_stream(self, waiter: object, waited: object) -> None:
         """``waiter`` waits (with an event, not the host) for the work queued on ``waited`` so far."""
+        self.make_current()
         with self.driver_call("ordering two streams"):
             waiter.wait(waited)  # type: ignore[attr-defined]
 
@@ -267,7 +382,9 @@ class CudaBackend:
                 fn = kernel.compiled[self] = code.get_kernel(kernel.name_expression)
         with self.driver_call(f"configuring `{kernel.name_expression}`[{op.grid}, {op.block}]"):
             config = LaunchConfig(grid=op.grid, block=op.block, shmem_size=op.shmem)
-        args = tuple(a.allocation.address + a.offset if isinstance(a, Tensor) else a for a in op.args)
+        # sg.Params bound to their defaults (a graph's node update binds its own values).
+        values = op.resolved(None) if op.params else op.args
+        args = tuple(a.allocation.address + a.offset if isinstance(a, Tensor) else a for a in values)
         return fn, config, args
 
     def run(self, op: GraphNode, stream: Stream) -> None:
@@ -275,7 +392,8 @@ class CudaBackend:
         native_stream = stream.native
         if op.borrows:
             note_eager_use(op.borrows, native_stream)
-        self.last_work = stream.last_work = f"`{op.name}` on stream #{stream.id}"
+        stream.last_work = name = op.name
+        self.last_work = (name, stream)
         try:
             if type(op) is KernelLaunch:
                 native = op.native
@@ -292,7 +410,7 @@ class CudaBackend:
         except CudaError:
             raise
         except Exception as exc:
-            raise cuda_error(f"running `{op.name}` on stream #{stream.id}", exc, self.last_work) from exc
+            raise cuda_error(f"running `{op.name}` on stream #{stream.id}", exc, describe_work(self.last_work)) from exc
 
     # -- graphs ---------------------------------------------------------------------------
 
@@ -300,22 +418,43 @@ class CudaBackend:
         self.make_current()
         with self.driver_call("building the graph definition"):
             definition = GraphDefinition()
-            made: list[CoreNode] = []
-            for rec in nodes:
-                deps = rec.deps
-                if len(deps) == 1:
-                    (only,) = deps
-                    parent: Any = made[only]
-                else:
-                    parent = definition
-                node = self._add_node(parent, rec.op)
-                if len(deps) > 1:
-                    node.pred = [made[d] for d in deps]
-                made.append(node)
+            bounded: list[While] = []
+            made = self._define(definition, nodes, bounded)
         with self.driver_call("instantiating the graph"):
             graph = definition.instantiate()
             graph.upload(stream.native)  # type: ignore[arg-type]
-        return _CudaExecutable(self, graph, definition, made)
+        executable = _CudaExecutable(self, graph, definition, made)
+        executable.bounded = tuple(bounded)
+        executable.pdl = self.pdl
+        return executable
+
+    def _define(
+        self, definition: GraphDefinition, nodes: Sequence[RecordedNode], bounded: list[While]
+    ) -> list[CoreNode]:
+        """Add ``nodes`` to ``definition`` (the graph, or a loop or branch body) with their edges;
+        the created nodes in record order. Bounded loops are collected in ``bounded``."""
+        made: list[CoreNode] = []
+        # Edges between PDL kernels (scopegraph._pdl) are added as programmatic edges after the
+        # nodes; below sm_90 they are full edges like the rest.
+        programmatic = self.pdl and any(rec.programmatic for rec in nodes)
+        for rec in nodes:
+            deps = rec.deps - rec.programmatic if programmatic and rec.programmatic else rec.deps
+            if len(deps) == 1:
+                (only,) = deps
+                parent: Any = made[only]
+            else:
+                parent = definition
+            if isinstance(rec.op, ControlNode):
+                preds = [made[d] for d in deps] if len(deps) > 1 else []
+                node = self._add_control(definition, parent, preds, rec.op, bounded)
+            else:
+                node = self._add_node(parent, rec.op)
+                if len(deps) > 1:
+                    node.pred = [made[d] for d in deps]
+            made.append(node)
+        if programmatic:
+            _add_programmatic_edges(definition, made, nodes)
+        return made
 
     def _add_node(self, parent: Any, op: GraphNode) -> CoreNode:
         if type(op) is KernelLaunch:
@@ -336,6 +475,55 @@ class CudaBackend:
             )
         assert isinstance(op, (Join, Memcpy, Memset))
         return parent.empty() if isinstance(parent, GraphDefinition) else parent.join()
+
+    # -- loops and branches (scopegraph._control) -------------------------------------------
+
+    def _add_control(
+        self, definition: GraphDefinition, parent: Any, preds: list[CoreNode], op: ControlNode, bounded: list[While]
+    ) -> CoreNode:
+        """A conditional node for a loop or branch, after a one-thread kernel that sets its condition
+        from the flag; a loop's body ends with the same kernel, after the body's last writes of the flag."""
+        condition = definition.create_condition(default_value=0)
+        try:
+            handle: Any = np.uint64(int(condition.handle))  # the CUgraphConditionalHandle, a u64 kernel argument
+        except (TypeError, ValueError):
+            handle = condition  # cuda.core unwraps a GraphCondition passed as a kernel argument itself
+        fn = self._condition_kernel()
+        config = LaunchConfig(grid=1, block=1)
+        flag = op.flag.allocation.address + op.flag.offset
+        counter, limit = 0, np.int32(-1)
+        if isinstance(op, While) and op.counter is not None and op.max_iterations is not None:
+            counter = op.counter.allocation.address + op.counter.offset
+            limit = np.int32(op.max_iterations)
+            bounded.append(op)
+        setter = parent.launch(config, fn, handle, flag, counter, limit, np.int32(1))
+        if preds:
+            setter.pred = preds
+        if isinstance(op, While):
+            node = setter.while_loop(condition)
+            body = node.body
+            made = self._define(body, op.body.nodes, bounded)
+            deps = op.body.condition_deps
+            last: Any = made[next(iter(deps))] if len(deps) == 1 else body
+            again = last.launch(config, fn, handle, flag, counter, limit, np.int32(0))
+            if len(deps) > 1:
+                again.pred = [made[d] for d in deps]
+            return node  # type: ignore[no-any-return]
+        assert isinstance(op, If)
+        node = setter.if_then(condition) if op.otherwise is None else setter.if_else(condition)
+        branches = [(node.then, op.then)] + ([] if op.otherwise is None else [(node.else_, op.otherwise)])
+        for graph, body_records in branches:
+            if not self._define(graph, body_records.nodes, bounded):
+                graph.empty()  # a branch with nothing in it still needs a graph the driver accepts
+        return node  # type: ignore[no-any-return]
+
+    def _condition_kernel(self) -> Any:
+        fn = sg_condition.compiled.get(self)
+        if fn is None:
+            code = compile_kernel(sg_condition, self.arch)
+            with self.driver_call("loading the loop condition kernel"):
+                fn = sg_condition.compiled[self] = code.get_kernel(sg_condition.name_expression)
+        return fn
 
     # -- interop --------------------------------------------------------------------------
 
@@ -370,6 +558,30 @@ class CudaBackend:
 
     def dlpack_device(self) -> tuple[int, int]:
         return (2, int(self.core.device_id))  # kDLCUDA
+def _add_programmatic_edges(definition: GraphDefinition, made: Sequence[CoreNode], nodes: Sequence[RecordedNode]) -> None:
+    """Add every ``rec.programmatic`` edge as a programmatic dependency (DESIGN.md section 7).
+
+    cuda.bindings, not cuda.core: cuda.core 1.2 makes only full edges (``pred``/``succ``,
+    ``join``) and ignores ``LaunchConfig(programmatic_stream_serialization=True)`` on graph
+    nodes, so the edge data (from the kernel node's programmatic port) needs the driver call. Added
+    after every node exists: once a graph has such edges, cuda.core's ``edges()``, ``pred`` and
+    ``succ`` raise CUDA_ERROR_LOSSY_QUERY (scopegraph reads edges from its own records, and
+    ``_CudaExecutable.driver_edges`` asks the driver with the edge data)."""
+    from cuda.bindings import driver
+
+    edge = driver.CUgraphEdgeData()
+    edge.from_port = driver.CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC
+    edge.type = driver.CUgraphDependencyType.CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC
+    froms, tos = [], []
+    for i, rec in enumerate(nodes):
+        for d in sorted(rec.programmatic):
+            froms.append(made[d].handle)
+            tos.append(made[i].handle)
+    (err,) = driver.cuGraphAddDependencies(definition.handle, froms, tos, [edge] * len(froms), len(froms))
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cuGraphAddDependencies (programmatic edges): {err.name}")
+
+
 def _fill_value(pattern: bytes) -> int | bytes:
     """cuda.core takes an int for a 1-byte fill and a buffer of 2 or 4 bytes otherwise."""
     return pattern[0] if len(pattern) == 1 else pattern

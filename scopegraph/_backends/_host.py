@@ -18,12 +18,13 @@ from __future__ import annotations
 import os
 import random
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from graphlib import TopologicalSorter
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .._control import ControlNode, While
 from .._errors import BoundsError, NoHostReferenceError, diagnostic
 from .._kernel import KernelLaunch
 from .._ops import GraphNode, Memcpy, Memset
@@ -66,20 +67,24 @@ def _array(tensor: Tensor, writable: bool) -> NDArray:
     return view
 
 
-def _thunk(op: GraphNode) -> Callable[[], None]:
-    """Bind an op to numpy views once, so replay only calls functions."""
+def _thunk(op: GraphNode, values: Mapping[str, np.generic] | None = None) -> Callable[[], None]:
+    """Bind an op to numpy views once, so replay only calls functions. ``values``: the graph's
+    parameter values (default: each sg.Param's default); a change binds the node again."""
     if isinstance(op, Memcpy):
         dst, src = _array(op.dst, True).reshape(-1), _array(op.src, False).reshape(-1)
         return lambda: np.copyto(dst, src)
     if isinstance(op, Memset):
         dst, value = _array(op.dst, True), op.value
         return lambda: dst.fill(value)
+    if isinstance(op, ControlNode):
+        return _control_thunk(op)
     if not isinstance(op, KernelLaunch):
         return lambda: None  # a join: nothing to do
     fn = op.kernel.host_fn
     assert fn is not None
     borrows = iter(op.borrows)  # one per tensor argument, in order
-    bound = tuple(_array(a, next(borrows).mutable) if isinstance(a, Tensor) else a for a in op.args)
+    args = op.resolved(values) if op.params else op.args
+    bound = tuple(_array(a, next(borrows).mutable) if isinstance(a, Tensor) else a for a in args)
 
     def run() -> None:
         try:
@@ -95,6 +100,33 @@ def _thunk(op: GraphNode) -> Callable[[], None]:
             ) from exc
 
     return run
+
+
+def _control_thunk(op: ControlNode) -> Callable[[], None]:
+    """A loop or branch: its bodies are sub-graphs, each run replayed in a new random order."""
+    flag = _array(op.flag, False).reshape(-1)
+    bodies = [_HostGraph([_thunk(n.op) for n in b.nodes], [n.deps for n in b.nodes]) for b in op.bodies]
+    if isinstance(op, While):
+        body, limit = bodies[0], op.max_iterations
+
+        def loop() -> None:
+            done = 0
+            while flag[0]:
+                if limit is not None and done >= limit:
+                    raise op.limit_error(int(flag[0]))
+                body.replay()
+                done += 1
+
+        return loop
+    then, otherwise = bodies[0], (bodies[1] if len(bodies) > 1 else None)
+
+    def branch() -> None:
+        if flag[0]:
+            then.replay()
+        elif otherwise is not None:
+            otherwise.replay()
+
+    return branch
 
 
 class _HostGraph:
@@ -122,14 +154,29 @@ class _HostGraph:
         return order
 
     def launch(self, stream: Stream) -> None:
-        thunks = self.thunks
         with self._lock:
-            for i in self.order():
-                thunks[i]()
+            self.replay()
+
+    def replay(self) -> None:
+        """Run every node once, in a new random topological order (a loop body: once per iteration)."""
+        thunks = self.thunks
+        for i in self.order():
+            thunks[i]()
 
     def close(self) -> None:
         self.thunks = []
         self.deps = []
+
+    # -- changes (scopegraph._params and _rebind): what the CUDA backend does with node and whole-graph updates
+
+    def update_node(self, index: int, op: GraphNode, values: Mapping[str, np.generic]) -> None:
+        """Make node ``index`` run ``op`` (same kind of node) with these parameter values."""
+        self.thunks[index] = _thunk(op, values)
+
+    def update_whole(self, nodes: Sequence[RecordedNode]) -> bool:
+        """Take a new recording of the same topology (the caller compared it)."""
+        self.thunks = [_thunk(n.op) for n in nodes]
+        return True
 
 
 class HostBackend:

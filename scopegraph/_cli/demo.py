@@ -3,17 +3,20 @@
 On a GPU it runs the seed's size by default (22 layers, d=2048, 512 tokens). On the host backend
 the default is smaller (22 layers, d=256, 32 tokens), because numpy stands in for the GPU and its
 timings mean nothing; the output says so. It validates graph replay against eager execution and
-a float64 numpy reference, then compares eager and graph tokens per second.
+a float64 numpy reference, then compares eager and graph tokens per second. A second section runs
+the decode loop: min(tokens, 128) tokens inside one ``graph.launch()`` (a device-side while loop)
+against as many launches of the one-token graph, checked identical and timed.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from .. import Device, memcpy
+from .. import Device, Stream, While, memcpy, memset
 from .progress import timed_loop
 from .seed_model import Config, LayerStack, reference_forward, relative_error
 
@@ -29,6 +32,7 @@ class Size:
 
 SEED = Size(d=2048, layers=22, tokens=512)  # the seed's model, the default on a GPU
 HOST = Size(d=256, layers=22, tokens=32)  # the default on the host backend: numpy is slow at d=2048
+DECODE_MAX = 128  # tokens per launch in the decode-loop section (fewer when --tokens is smaller)
 
 
 def default_size(dev: Device) -> Size:
@@ -77,4 +81,46 @@ def main(dev: Device, tokens: int | None = None, d: int | None = None, n_layers:
     if dev.is_cuda:
         print(f"  weights streamed by the graph: {cfg.weight_bytes / graph_s / 1e9:.0f} GB/s")
     graph.close()
+    ok = decode(dev, model, stream, x0, tokens) and ok
     return 0 if ok else 1
+
+
+def decode(dev: Device, model: LayerStack, stream: Stream, x0: np.ndarray[Any, Any], tokens: int) -> bool:
+    """The decode loop: K tokens inside one launch (``s.while_`` on the device) against K launches
+    of the one-token graph; True when both give identical tokens."""
+    k = min(tokens, DECODE_MAX)
+    buf = model.decode_buffers(k)
+    start = dev.from_numpy(x0, name="embedding")
+    loop, one = model.record_decode_graph(stream, buf), model.record_token_graph(stream, buf)
+    body = loop.nodes[-1].op
+    assert isinstance(body, While)
+    print(f"  decode loop: {k} tokens per graph.launch(), a while loop of {len(body.body.nodes)} nodes on the device")
+    loop.update(memcpy(model.hidden.mut(), start))
+    loop.launch()
+    loop.sync()
+    in_one = buf.out.numpy()
+    stream.run(memcpy(model.hidden.mut(), start))
+    stream.run(memset(buf.position.mut(), 0))
+    for _ in range(k):
+        one.launch()
+    one.sync()
+    same = bool(np.array_equal(in_one, buf.out.numpy()))
+    print(f"  validation: {k} tokens from one launch vs {k} launches of the one-token graph: "
+          f"{'identical: OK' if same else 'DIFFERENT: FAILED'}")
+
+    def k_launches() -> None:
+        stream.run(memset(buf.position.mut(), 0))
+        for _ in range(k):
+            one.launch()
+
+    rounds = max(1, tokens // k)
+    loop_s = timed_loop("loop", rounds, loop.launch, loop.sync, unit="round") / k
+    launches_s = timed_loop("tokens", rounds, k_launches, one.sync, unit="round") / k
+    many = f"{k} launches:"
+    print(f"  decode, {'one launch:':<14}{1 / loop_s:10.1f} tokens/s  ({k} tokens per launch)")
+    print(
+        f"  decode, {many:<14}{1 / launches_s:10.1f} tokens/s  (1 token per launch)  -> loop is {launches_s / loop_s:.2f}x"
+    )
+    loop.close()
+    one.close()
+    return same

@@ -12,6 +12,12 @@ Each layer records, exactly as the seed's ``CudaGraph::scope`` example does::
     hidden  <- residual            (memcpy)
 
 The demo, the benchmarks and the tests build it from here.
+
+The decode loop (DESIGN.md section 8) generates K tokens in one ``graph.launch()``: the stack runs
+inside ``with s.while_(flag)``, and each iteration ends with ``append_row``, which copies
+``hidden`` into row ``position`` of an output buffer, moves the device-side token counter
+``position`` on and sets ``flag = position < K``. The one-token graph records the same ops
+without the loop, so K launches of it give the same tokens.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import CudaGraph, Device, GraphNode, Stream, Tensor, library, memcpy
+from .. import CudaGraph, Device, GraphNode, Stream, Tensor, i32, library, memcpy, memset
 
 NDArray = np.ndarray[Any, np.dtype[Any]]
 
@@ -56,6 +62,24 @@ class LayerBuffers:
     residual: Tensor
 
 
+@dataclass
+class DecodeBuffers:
+    """What a decode loop writes: ``out`` (K, d), row i the hidden state after token i;
+    ``position`` (i32[1]) the device-side token counter; ``flag`` (i32[1]) the loop's condition."""
+
+    out: Tensor
+    position: Tensor
+    flag: Tensor
+
+    @property
+    def tokens(self) -> int:
+        return self.out.shape[0]
+
+
+# Per-layer ops of each form of LayerStack.ops(): (kernels, other nodes).
+FORMS = {"seed": (4, 1), "kernels": (4, 0), "fused": (2, 0)}
+
+
 class LayerStack:
     """Weights (frozen), pre-allocated buffers and the hidden state, on one device."""
 
@@ -83,24 +107,70 @@ class LayerStack:
         ]
         self.hidden = device.zeros((d,), name="hidden")
 
-    def ops(self) -> list[GraphNode]:
-        """One forward pass, as the graph nodes the seed records."""
+    def ops(self, form: str = "seed") -> list[GraphNode]:
+        """One forward pass. ``form`` (see FORMS): "seed", the graph nodes the seed records (5 a
+        layer, a memcpy among them); "kernels", the same math in 4 kernels a layer as PyTorch runs
+        it (rms_norm, 2 matvecs, an in-place residual add); "fused", 2 kernels a layer (RMSNorm
+        fused into the first matvec, the residual add into the second)."""
         cfg, hidden = self.cfg, self.hidden
         ops: list[GraphNode] = []
         for w, b in zip(self.weights, self.buffers):
+            if form == "fused":
+                ops += [
+                    library.rms_norm_matvec_op(b.q.mut(), hidden, w.norm_w, w.wq, cfg.eps),
+                    library.matvec_add_op(hidden.mut(), b.q, w.wo),
+                ]
+                continue
             ops += [
                 library.rms_norm_op(b.norm.mut(), hidden.view((1, cfg.d)), w.norm_w, cfg.eps),
                 library.matvec_op(b.q.mut(), b.norm, w.wq),
                 library.matvec_op(b.o.mut(), b.q, w.wo),
-                library.add_op(b.residual.mut(), hidden, b.o),
-                memcpy(hidden.mut(), b.residual),
             ]
+            if form == "kernels":
+                ops.append(library.axpy_op(hidden.mut(), b.o, 1.0))
+            elif form == "seed":
+                ops += [library.add_op(b.residual.mut(), hidden, b.o), memcpy(hidden.mut(), b.residual)]
+            else:
+                raise ValueError(f"form={form!r}: one of {', '.join(FORMS)}")
         return ops
 
     def record_graph(self, stream: Stream, order: str = "dataflow") -> CudaGraph:
         with CudaGraph.scope(stream, order=order) as s:
             for op in self.ops():
                 s.record(op)
+        return s.graph
+
+    # -- the decode loop ---------------------------------------------------------------------
+
+    def decode_buffers(self, tokens: int) -> DecodeBuffers:
+        """An output buffer for ``tokens`` tokens and the loop's counter and flag."""
+        dev = self.device
+        return DecodeBuffers(
+            dev.zeros((tokens, self.cfg.d), name="tokens"),
+            dev.zeros((1,), i32, name="position"),
+            dev.zeros((1,), i32, name="more"),
+        )
+
+    def token_ops(self, buf: DecodeBuffers) -> list[GraphNode]:
+        """One token: a forward pass, then hidden -> out[position], position += 1, flag = position < K."""
+        return [*self.ops(), library.append_row_op(buf.out.mut(), buf.position.mut(), buf.flag.mut(), self.hidden)]
+
+    def record_token_graph(self, stream: Stream, buf: DecodeBuffers, order: str = "dataflow") -> CudaGraph:
+        """The one-token graph: each launch generates the token at ``position`` (reset it to start over)."""
+        with CudaGraph.scope(stream, order=order) as s:
+            for op in self.token_ops(buf):
+                s.record(op)
+        return s.graph
+
+    def record_decode_graph(self, stream: Stream, buf: DecodeBuffers, order: str = "dataflow") -> CudaGraph:
+        """The decode loop: one launch generates all ``buf.tokens`` tokens from the current hidden state."""
+        k = buf.tokens
+        with CudaGraph.scope(stream, order=order) as s:
+            s.record(memset(buf.position.mut(), 0))
+            s.record(memset(buf.flag.mut(), int(k > 0)))
+            with s.while_(buf.flag, max_iterations=k) as body:
+                for op in self.token_ops(buf):
+                    body.record(op)
         return s.graph
 
     def run_eager(self, stream: Stream, ops: list[GraphNode] | None = None) -> None:

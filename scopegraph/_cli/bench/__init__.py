@@ -15,15 +15,19 @@ from pathlib import Path
 from typing import Any
 
 from ... import Device
-from . import _build, _dataflow, _launch, _model, _record
-from ._timing import environment, ratio, us
+from . import _build, _cpu, _dataflow, _decode, _launch, _model, _pdl, _record, _update
+from ._timing import environment, ratio
 
 SUITES: dict[str, Callable[..., dict[str, Any]]] = {
     "launch": _launch.run,
     "model": _model.run,
+    "pdl": _pdl.run,
+    "cpu": _cpu.run,
     "build": _build.run,
     "dataflow": _dataflow.run,
     "record": _record.run,
+    "decode": _decode.run,
+    "update": _update.run,
 }
 
 
@@ -49,38 +53,20 @@ def run(out_dir: Path, dev: Device, quick: bool = False, only: list[str] | None 
 def format_table(r: dict[str, Any]) -> str:
     lines = ["# scopegraph benchmarks", "", "environment: " + ", ".join(f"{k}={v}" for k, v in r["environment"].items())]
     if r["environment"]["device"] == "host":
-        lines.append("NOTE: host backend: only the record costs (sections 3, 5 and 6) mean anything; GPU timings need a GPU.")
+        lines.append("NOTE: host backend: only the CPU costs (sections 2c, 3, 5 and 6) mean anything; GPU timings need a GPU.")
         lines.append("'-' marks a figure not measured: the PyTorch and cuda.core comparisons run on CUDA only.")
     elif r["environment"]["torch"] == "not installed":
         lines.append("'-' marks a figure not measured: PyTorch is not installed.")
     if "launch" in r:
-        lines += ["", "## 1. launch overhead: N dependent tiny kernels (x += 1), microseconds per node (wall; CPU submit)",
-                  f"{'N':>6} {'sg eager':>20} {'sg graph':>20} {'cuda.core graph':>20} {'sg/core':>8} {'cuda.core eager':>20} {'torch eager':>20} {'torch graph':>20}"]
-        for row in r["launch"]["rows"]:
-            def cell(key: str) -> str:
-                v = row.get(key)
-                return f"{us(v['wall'])} ({us(v['submit']).strip():>6})" if v else f"{'-':>20}"
-            sg_core = ratio(row["sg_graph"]["wall"], row["core_graph"]["wall"]) if "core_graph" in row else "-"
-            lines.append(f"{row['n']:>6} {cell('sg_eager')} {cell('sg_graph')} {cell('core_graph')} {sg_core:>8} "
-                         f"{cell('core_eager')} {cell('torch_eager')} {cell('torch_graph')}")
+        lines += ["", *_launch.format_rows(r["launch"])]
     if "model" in r:
-        m = r["model"]
-        lines += ["", "## 2. the seed's model: tokens per second",
-                  f"{'d':>5} {'layers':>6} {'sg eager':>10} {'sg graph':>10} {'graph/eager':>11} {'torch eager':>11} {'torch graph':>11} {'sg/torch graph':>14} {'GB/s':>8} {'of copy':>8}"]
-        for row in m["rows"]:
-            tg = row.get("torch_graph_tok_s")
-            lines.append(
-                f"{row['d']:>5} {row['n_layers']:>6} {row['sg_eager_tok_s']:>10.0f} {row['sg_graph_tok_s']:>10.0f} {row['graph_over_eager']:>11.2f} "
-                f"{num(row.get('torch_eager_tok_s'), '.0f'):>11} {num(tg, '.0f'):>11} {ratio(row['sg_graph_tok_s'], tg):>14} "
-                f"{row['graph_bandwidth'] / 1e9:>8.0f} {num(row.get('graph_fraction_of_copy'), '.1%'):>8}"
-            )
-        if "copy_bandwidth" in m:
-            copies = ", ".join(f"{k} {v / 1e9:.0f}" for k, v in m["copy_bandwidths"].items())
-            lines.append(f"device-to-device copy (read + write, GB/s): {copies}; best {m['copy_bandwidth'] / 1e9:.0f}; "
-                         f"44 back-to-back matvecs: {m['matvec_bandwidth'] / 1e9:.0f} GB/s = {m['matvec_fraction_of_copy']:.1%} of the best copy, "
-                         f"{m['matvec_fraction_of_memcpy']:.1%} of memcpy")
+        lines += ["", *_model.format_rows(r["model"])]
+    if "pdl" in r:
+        lines += ["", *_pdl.format_rows(r["pdl"])]
+    if "cpu" in r:
+        lines += ["", *_cpu.format_rows(r["cpu"])]
     if "build" in r:
-        lines += ["", "## 3. record and build cost",
+        lines += ["", "## 3. record and build cost (record: each op built, checked and recorded inside the clock)",
                   f"{'ops':>6} {'record us/op':>12} {'build ms':>10} {'cuda.core ms':>12} {'build/core':>10}"]
         for row in r["build"]["rows"]:
             core = row.get("core_define_instantiate_s")
@@ -104,6 +90,21 @@ def format_table(r: dict[str, Any]) -> str:
                   f"{'readers':>7} {'writes':>6} {'us/write':>9} {'edges/write':>11} {'last write edges':>16} {'join nodes':>10}",
                   f"{a['readers']:>7} {a['writes']:>6} {a['us_per_write']:>9.2f} {a['edges_per_write']:>11.1f} "
                   f"{a['last_write_edges']:>16} {a['extra_nodes']:>10}"]
+    if "decode" in r:
+        lines += ["", "## 7. decode loop: K tokens inside one launch (a device-side while loop) vs K launches of the one-token graph, tokens/s",
+                  "('host decides': K launches, the host reading the loop's flag after each token to decide whether to go on)",
+                  f"{'d':>5} {'layers':>6} {'K':>4} {'one launch':>11} {'K launches':>11} {'loop/launches':>13} {'identical':>9} "
+                  f"{'host decides':>12} {'loop/host decides':>17}"]
+        for row in r["decode"]["rows"]:
+            lines.append(f"{row['d']:>5} {row['n_layers']:>6} {row['k']:>4} {row['loop_tok_s']:>11.1f} {row['launches_tok_s']:>11.1f} "
+                         f"{row['loop_over_launches']:>13.3f} {'yes' if row['identical'] else 'NO':>9} "
+                         f"{num(row.get('host_decides_tok_s'), '.1f'):>12} {num(row.get('loop_over_host_decides'), '.3f'):>17}")
+    if "update" in r:
+        u = r["update"]
+        lines += ["", f"## 8. changing one kernel's argument every iteration (seed 004): {u['kernels']} dependent tiny "
+                  f"kernels, the last one's scalar (or input) new each iteration; {u['rounds']} interleaved rounds of "
+                  f"{u['calls']} iterations, medians",
+                  *_update.format_rows(u)]
     return "\n".join(lines) + "\n"
 
 
@@ -133,13 +134,4 @@ def plot(r: dict[str, Any], out_dir: Path) -> None:
         fig.tight_layout()
         fig.savefig(out_dir / "launch_overhead.png", dpi=120)
     if "model" in r:
-        fig, ax = plt.subplots(figsize=(6, 4))
-        rows = [row for row in r["model"]["rows"] if row["d"] == r["model"]["d"]]
-        layers = [row["n_layers"] for row in rows]
-        ax.plot(layers, [row["graph_over_eager"] for row in rows], marker="o", label="scopegraph graph / eager")
-        if all("torch_graph_tok_s" in row for row in rows):
-            ax.plot(layers, [row["sg_graph_tok_s"] / row["torch_graph_tok_s"] for row in rows], marker="s", label="scopegraph graph / PyTorch graph")
-        ax.set(xlabel="layers", ylabel="speedup (tokens/s ratio)", title=f"Seed model, d={r['model']['d']}")
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(out_dir / "model_speedup.png", dpi=120)
+        _model.plot(r["model"], out_dir, plt)

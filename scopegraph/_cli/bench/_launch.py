@@ -1,13 +1,20 @@
 """Suite 1, launch overhead: N tiny dependent kernels (x += 1), eager and as graphs, scopegraph
 against a hand-built cuda.core graph of the same kernels, cuda.core's eager launch, and PyTorch
-eager and ``torch.cuda.CUDAGraph``."""
+eager and ``torch.cuda.CUDAGraph``.
+
+Like for like: scopegraph's eager side builds every op inside the clock (``add_scalar_op`` then
+``stream.run``), as PyTorch eager pays its dispatch inside its clock; cuda.core's eager side
+reuses prebuilt launch arguments (its cheapest form). The scopegraph graph is recorded with
+``pdl=False`` to match cuda.core's full edges; "sg graph PDL" is the same chain with programmatic
+edges (sm_90+). Every side is timed the same way (``_timing.interleaved``).
+"""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, cast
 
 from ... import CudaGraph, Device, library
-from ._timing import time_calls
+from ._timing import Side, interleaved
 
 if TYPE_CHECKING:
     from cuda.core import Stream as CoreStream
@@ -34,18 +41,23 @@ def run(dev: Device, quick: bool) -> dict[str, Any]:
     for n in SIZES:
         calls = max(4, 2000 // n) if not quick else max(2, 200 // n)
         ops = [library.add_scalar_op(x.mut(), 1.0) for _ in range(n)]
-        with CudaGraph.scope(stream) as s:
-            for op in ops:
-                s.record(op)
-        graph = s.graph
-        row: dict[str, Any] = {"n": n}
+        graphs = {}
+        for pdl in (False, True):
+            with CudaGraph.scope(stream, pdl=pdl) as s:
+                for op in ops:
+                    s.record(op)
+            graphs[pdl] = s.graph
 
         def eager() -> None:
-            for op in ops:
-                stream.run(op)
+            for _ in range(n):
+                stream.run(library.add_scalar_op(x.mut(), 1.0))
 
-        row["sg_eager"] = time_calls(eager, stream.sync, calls)
-        row["sg_graph"] = time_calls(graph.launch, stream.sync, calls * 4)
+        sides: dict[str, Side] = {
+            "sg_eager": (eager, stream.sync, calls),
+            "sg_graph": (graphs[False].launch, stream.sync, calls * 4),
+            "sg_graph_pdl": (graphs[True].launch, stream.sync, calls * 4),
+        }
+        core_graph = None
         if dev.is_cuda:
             from cuda.core import launch
 
@@ -57,25 +69,23 @@ def run(dev: Device, quick: bool) -> dict[str, Any]:
                     fn, config, args = op.native
                     launch(native, config, fn, *args)
 
-            row["core_eager"] = time_calls(core_eager, stream.sync, calls)
-            # Interleave the two replays so drift affects both alike; keep each one's best median.
-            sg_runs, core_runs = [], []
-            for _ in range(5):
-                sg_runs.append(time_calls(graph.launch, stream.sync, calls * 4))
-                core_runs.append(time_calls(lambda: core_graph.launch(native), stream.sync, calls * 4))
-            row["sg_graph"] = min(sg_runs, key=lambda r: r["wall"])
-            row["core_graph"] = min(core_runs, key=lambda r: r["wall"])
+            sides["core_eager"] = (core_eager, stream.sync, calls)
+            sides["core_graph"] = (lambda: core_graph.launch(native), stream.sync, calls * 4)
+            sides |= _torch(n, calls)
+        timed = interleaved(sides, rounds=5 if not quick else 2, inner=3 if not quick else 1)
+        if core_graph is not None:
             core_graph.close()
-            row |= _torch(n, calls)
-        graph.close()
-        for key in list(row):
-            if isinstance(row[key], dict):
-                row[key] = {k: v / n for k, v in row[key].items()} | {"per": "node"}
+        for g in graphs.values():
+            g.close()
+        row: dict[str, Any] = {"n": n}
+        for key, t in timed.items():
+            row[key] = {k: v / n if k != "spread" else v for k, v in t.items()} | {"per": "node"}
         rows.append(row)
+    x.free()
     return {"rows": rows}
 
 
-def _torch(n: int, calls: int) -> dict[str, Any]:
+def _torch(n: int, calls: int) -> dict[str, Side]:
     try:
         import torch
     except ImportError:
@@ -87,7 +97,6 @@ def _torch(n: int, calls: int) -> dict[str, Any]:
         for _ in range(n):
             t.add_(1)
 
-    out: dict[str, Any] = {"torch_eager": time_calls(eager, torch.cuda.synchronize, calls)}
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         eager()  # warm up on the side stream, as PyTorch's docs ask before capture
@@ -95,5 +104,27 @@ def _torch(n: int, calls: int) -> dict[str, Any]:
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         eager()
-    out["torch_graph"] = time_calls(g.replay, torch.cuda.synchronize, calls * 4)
-    return out
+    return {"torch_eager": (eager, torch.cuda.synchronize, calls), "torch_graph": (g.replay, torch.cuda.synchronize, calls * 4)}
+
+
+def format_rows(r: dict[str, Any]) -> list[str]:
+    from ._timing import ratio, us
+
+    lines = [
+        "## 1. launch overhead: N dependent tiny kernels (x += 1), microseconds per node: best of 5 interleaved round medians "
+        "(CPU submit); sg eager builds each op inside the clock",
+        f"{'N':>6} {'sg eager':>20} {'sg graph':>20} {'cuda.core graph':>20} {'sg/core':>8} {'sg graph PDL':>20} "
+        f"{'cuda.core eager':>20} {'torch eager':>20} {'torch graph':>20}",
+    ]
+    for row in r["rows"]:
+
+        def cell(key: str) -> str:
+            v = row.get(key)
+            return f"{us(v['wall'])} ({us(v['submit']).strip():>6})" if v else f"{'-':>20}"
+
+        sg_core = ratio(row["sg_graph"]["wall"], row["core_graph"]["wall"]) if "core_graph" in row else "-"
+        lines.append(
+            f"{row['n']:>6} {cell('sg_eager')} {cell('sg_graph')} {cell('core_graph')} {sg_core:>8} {cell('sg_graph_pdl')} "
+            f"{cell('core_eager')} {cell('torch_eager')} {cell('torch_graph')}"
+        )
+    return lines

@@ -1,7 +1,18 @@
-"""Suite 2, the seed's model: tokens per second for n_layers = 1, 2, 4, 8, 22 at d=2048, eager
-against graph replay, against the same math in PyTorch eager and PyTorch CUDA graphs, with the
-memory bandwidth reached (weights read per token over time per token) against a device-to-device
-copy in the same run."""
+"""Suite 2, the seed's model: tokens per second for n_layers = 1, 2, 4, 8, 22 at d=2048 (and 22
+layers at d=512, where launches dominate), against PyTorch on the same math, and against the
+ceiling: a read-only streaming kernel over as many bytes as the model's weights.
+
+Like for like:
+
+- Kernel counts per layer are stated: scopegraph's "fused" form runs 2 kernels a layer
+  (RMSNorm fused into the first matvec, the residual add into the second); its "kernels" form
+  runs the 4 that PyTorch runs (``torch.nn.functional.rms_norm``, two ``torch.mv``, ``add_``).
+- scopegraph eager builds every op inside the clock, as PyTorch eager dispatches inside its own.
+- ``torch.compile(mode="reduce-overhead")`` (fused kernels and CUDA graphs) is a column, for the
+  22-layer rows (its compile time is too long for every row).
+- Every side is timed the same way, interleaved (``_timing.interleaved``): best of 5 round
+  medians, with the median and spread kept in the JSON.
+"""
 
 from __future__ import annotations
 
@@ -10,122 +21,150 @@ from typing import Any
 import numpy as np
 
 from ... import CudaGraph, Device, Mut, Tensor, i64, kernel, library, memcpy
-from ..seed_model import Config, LayerStack
-from ._timing import time_calls
+from ..seed_model import FORMS, Config, LayerStack
+from ._timing import Side, interleaved, ratio
 
 LAYERS = (1, 2, 4, 8, 22)
 # A launch-bound size (weights fit in L2), where graph replay's advantage shows in full.
 SMALL_D = 512
+# scopegraph's fastest form of the model, and the one with PyTorch's kernel count.
+FAST, EQUAL = "fused", "kernels"
+
+
+@kernel(
+    library.SOURCE
+    + r"""
+// Reads n4 float4 of src once, grid-stride, 8 loads in flight per thread; one sum per block.
+extern "C" __global__ void read_only(float* __restrict__ out, const float4* __restrict__ src, long long n4) {
+    float acc = 0.f;
+    long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x, step = (long long)gridDim.x * blockDim.x;
+    for (; i + 7 * step < n4; i += 8 * step) {
+        float4 v[8];
+#pragma unroll
+        for (int u = 0; u < 8; ++u) v[u] = __ldcs(src + i + u * step);
+#pragma unroll
+        for (int u = 0; u < 8; ++u) acc += (v[u].x + v[u].y) + (v[u].z + v[u].w);
+    }
+    for (; i < n4; i += step) { float4 v = __ldcs(src + i); acc += (v.x + v.y) + (v.z + v.w); }
+    acc = block_sum(acc);
+    if (threadIdx.x == 0) out[blockIdx.x] = acc;
+}
+""",
+    touches={"out": "grid_x", "src": "n4 * 4"},
+)
+def read_only(out: Mut[Tensor], src: Tensor, n4: i64) -> None:
+    """One pass over src (n4 float4), read only: the ceiling of a weight-streaming model."""
 
 
 @kernel(
     """extern "C" __global__ void copy4(float4* __restrict__ dst, const float4* __restrict__ src, long long n4) {
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n4; i += (long long)gridDim.x * blockDim.x)
         dst[i] = __ldcs(src + i);
-}"""
+}""",
+    touches={"dst": "n4 * 4", "src": "n4 * 4"},
 )
 def copy4(dst: Mut[Tensor], src: Tensor, n4: i64) -> None:
     """dst = src, 16 bytes per thread per step: the bandwidth a plain copy kernel reaches."""
 
 
-def copy_bandwidth(dev: Device, nbytes: int = 1 << 30) -> dict[str, float]:
-    """Bytes per second a large device-to-device copy moves, counting reads and writes, both as a
-    memcpy node (copy engines) and as a copy kernel (the SMs, like the matvec)."""
-    a, b = dev.empty((nbytes // 4,), name="copy_a"), dev.empty((nbytes // 4,), name="copy_b")
+def _graph_seconds(dev: Device, op: Any, calls: int) -> float:
     stream = dev.stream()
+    with CudaGraph.scope(stream) as s:
+        s.record(op)
+    with s.graph as g:
+        return interleaved({"g": (g.launch, stream.sync, calls)}, rounds=3)["g"]["wall"]
+
+
+def bandwidths(dev: Device, read_bytes: int, copy_bytes: int = 1 << 30) -> dict[str, float]:
+    """Bytes per second: a read-only streaming kernel over ``read_bytes`` (the model's weights), and
+    device-to-device copies (read + write) as a memcpy node and as a copy kernel."""
     sms = dev.backend.core.properties.multiprocessor_count  # type: ignore[attr-defined]
-    result = {}
-    for name, op in (("memcpy", memcpy(b.mut(), a)), ("kernel", copy4[sms * 8, 256](b.mut(), a, nbytes // 16))):
-        with CudaGraph.scope(stream) as s:
-            s.record(op)
-        with s.graph as g:
-            result[name] = 2 * nbytes / time_calls(g.launch, stream.sync, 10)["wall"]
-    a.free()
-    b.free()
+    src = dev.empty((read_bytes // 4,), name="stream_src")
+    out = dev.zeros((sms * 8,), name="stream_out")
+    result = {"read_only": read_bytes / _graph_seconds(dev, read_only[sms * 8, 256](out.mut(), src, read_bytes // 16), 10)}
+    src.free()
+    a, b = dev.empty((copy_bytes // 4,), name="copy_a"), dev.empty((copy_bytes // 4,), name="copy_b")
+    result["memcpy"] = 2 * copy_bytes / _graph_seconds(dev, memcpy(b.mut(), a), 10)
+    result["copy_kernel"] = 2 * copy_bytes / _graph_seconds(dev, copy4[sms * 8, 256](b.mut(), a, copy_bytes // 16), 10)
+    for buf in (a, b, out):
+        buf.free()
     return result
 
 
-def matvec_bandwidth(dev: Device, d: int, count: int) -> float:
-    """Bytes per second of weights streamed by ``count`` back-to-back d x d matvecs in one graph."""
-    rng = np.random.default_rng(0)
-    weights = [dev.from_numpy(rng.standard_normal((d, d), dtype=np.float32)).freeze() for _ in range(count)]
-    x, y = dev.from_numpy(rng.standard_normal(d, dtype=np.float32)), dev.zeros((d,))
-    stream = dev.stream()
-    with CudaGraph.scope(stream) as s:
-        for w in weights:
-            s.record(library.matvec_op(y.mut(), x, w))
-    with s.graph as g:
-        t = time_calls(g.launch, stream.sync, 20)["wall"]
-    for w in weights:
-        w.free()
-    return count * d * d * 4 / t
+def record(model: LayerStack, form: str, pdl: bool = True) -> CudaGraph:
+    stream = model.device.stream()
+    with CudaGraph.scope(stream, pdl=pdl) as s:
+        for op in model.ops(form):
+            s.record(op)
+    return s.graph
 
 
 def run(dev: Device, quick: bool) -> dict[str, Any]:
     seed_d = 2048 if dev.is_cuda else 256
-    tokens = 64 if quick else 256
+    tokens = 16 if quick else 64
+    rounds, inner = (2, 1) if quick else (5, 3)
     rows = []
     sizes = [(seed_d, n) for n in (LAYERS if not quick else (1, 4))] + ([(SMALL_D, 22)] if dev.is_cuda else [])
     for d, n_layers in sizes:
         cfg = Config(d=d, n_layers=n_layers)
         model = LayerStack(dev, cfg)
         stream = dev.stream()
-        ops = model.ops()
-        eager = time_calls(lambda: model.run_eager(stream, ops), stream.sync, max(2, tokens // 8))
-        graph = model.record_graph(stream)
-        replay = time_calls(graph.launch, stream.sync, tokens)
-        graph.close()
+
+        def eager() -> None:
+            for op in model.ops(FAST):  # built inside the clock
+                stream.run(op)
+
+        fast, equal = record(model, FAST), record(model, EQUAL)
+        sides: dict[str, Side] = {
+            "sg_eager": (eager, stream.sync, max(2, tokens // 8)),
+            "sg_graph": (fast.launch, fast.sync, tokens),
+            "sg_graph_equal": (equal.launch, equal.sync, tokens),
+        }
+        if dev.is_cuda:
+            sides |= _torch(model, tokens, compile=n_layers == 22 and not quick)
+        timed = interleaved(sides, rounds=rounds, inner=inner)
+        fast.close()
+        equal.close()
         row: dict[str, Any] = {
             "d": d,
             "n_layers": n_layers,
-            "sg_eager_tok_s": 1 / eager["wall"],
-            "sg_graph_tok_s": 1 / replay["wall"],
-            "graph_over_eager": eager["wall"] / replay["wall"],
+            "kernels_per_layer": {"sg": FORMS[FAST][0], "sg_equal": FORMS[EQUAL][0], "torch": 4},
+            "timing": timed,
             "weight_bytes": cfg.weight_bytes,
-            "graph_bandwidth": cfg.weight_bytes / replay["wall"],
         }
-        if dev.is_cuda:
-            row |= _torch(model, tokens)
+        for key, t in timed.items():
+            row[f"{key}_tok_s"] = 1 / t["wall"]
+        row["graph_over_eager"] = timed["sg_eager"]["wall"] / timed["sg_graph"]["wall"]
+        row["graph_bandwidth"] = cfg.weight_bytes / timed["sg_graph"]["wall"]
         rows.append(row)
-        for t in [*(w for lw in model.weights for w in (lw.norm_w, lw.wq, lw.wo)), model.hidden]:
-            t.free()
+        for tensor in [*(w for lw in model.weights for w in (lw.norm_w, lw.wq, lw.wo)), model.hidden]:
+            tensor.free()
     result: dict[str, Any] = {"d": seed_d, "rows": rows}
     if dev.is_cuda:
-        copies = copy_bandwidth(dev)
-        copy = max(copies.values())
-        mv = matvec_bandwidth(dev, seed_d, 44)
-        result |= {
-            "copy_bandwidth": copy,
-            "copy_bandwidths": copies,
-            "matvec_bandwidth": mv,
-            "matvec_fraction_of_copy": mv / copy,
-            "matvec_fraction_of_memcpy": mv / copies["memcpy"],
-        }
+        big = Config(d=seed_d, n_layers=max(LAYERS))
+        bw = bandwidths(dev, big.weight_bytes)
+        result |= {"bandwidths": bw, "ceiling_bytes": big.weight_bytes}
         for row in rows:
-            row["graph_fraction_of_copy"] = row["graph_bandwidth"] / copy
-        result["eager_launch_floor_note"] = (
-            "graph/eager is bounded by (eager time per token) / (weight bytes / bandwidth): "
-            "with ~3.4 us per eager launch (cuda.core's own floor) and 110 launches per token, "
-            "d=2048 x 22 layers can reach at most ~2.2x at full bandwidth"
-        )
+            row["fraction_of_read_only"] = row["graph_bandwidth"] / bw["read_only"]
+            row["read_only_tok_s"] = bw["read_only"] / row["weight_bytes"]
     return result
 
 
-def _torch(model: LayerStack, tokens: int) -> dict[str, Any]:
+def _torch(model: LayerStack, tokens: int, compile: bool) -> dict[str, Side]:
     try:
         import torch
+        import torch.nn.functional as F
     except ImportError:
         return {}
     cfg = model.cfg
     layers = [tuple(torch.from_numpy(a).cuda() for a in ws) for ws in model.host_weights]
     hidden = torch.zeros(cfg.d, device="cuda")
+    shape = (cfg.d,)
 
-    def forward() -> None:
+    def forward() -> None:  # 4 kernels a layer: rms_norm, mv, mv, add_
         for norm_w, wq, wo in layers:
-            norm = hidden * torch.rsqrt(hidden.pow(2).mean() + cfg.eps) * norm_w
-            hidden.add_(wo @ (wq @ norm))
+            hidden.add_(torch.mv(wo, torch.mv(wq, F.rms_norm(hidden, shape, norm_w, cfg.eps))))
 
-    eager = time_calls(forward, torch.cuda.synchronize, max(2, tokens // 8))
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -134,5 +173,78 @@ def _torch(model: LayerStack, tokens: int) -> dict[str, Any]:
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         forward()
-    replay = time_calls(g.replay, torch.cuda.synchronize, tokens)
-    return {"torch_eager_tok_s": 1 / eager["wall"], "torch_graph_tok_s": 1 / replay["wall"]}
+    sync = torch.cuda.synchronize
+    sides: dict[str, Side] = {"torch_eager": (forward, sync, max(2, tokens // 8)), "torch_graph": (g.replay, sync, tokens)}
+    if compile:
+
+        def pure(h: Any) -> Any:
+            for norm_w, wq, wo in layers:
+                h = h + torch.mv(wo, torch.mv(wq, F.rms_norm(h, shape, norm_w, cfg.eps)))
+            return h
+
+        compiled = torch.compile(pure, mode="reduce-overhead")
+
+        def step() -> None:
+            torch.compiler.cudagraph_mark_step_begin()
+            hidden.copy_(compiled(hidden))
+
+        for _ in range(3):  # compile, record the CUDA graph, replay
+            step()
+        sides["torch_compile"] = (step, sync, tokens)
+    return sides
+
+
+def num(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def format_rows(m: dict[str, Any]) -> list[str]:
+    lines = [
+        "## 2. the seed's model: tokens per second (best of 5 interleaved round medians; spread in bench.json)",
+        f"kernels per layer: sg graph {FORMS[FAST][0]} ({FAST}: RMSNorm fused into the first matvec, residual add into the second), "
+        f"sg 4k graph {FORMS[EQUAL][0]} (as PyTorch: rms_norm, mv, mv, add_), PyTorch 4; sg eager runs the {FAST} form, ops built inside the clock",
+        f"{'d':>5} {'layers':>6} {'sg eager':>10} {'sg graph':>10} {'graph/eager':>11} {'torch eager':>11} {'torch graph':>11} "
+        f"{'sg/torch graph':>14} {'torch compile':>13} {'sg/compile':>10} {'sg 4k graph':>11} {'4k/torch graph':>14} {'GB/s':>6} {'of read-only':>12}",
+    ]
+    for row in m["rows"]:
+        tg, tc = row.get("torch_graph_tok_s"), row.get("torch_compile_tok_s")
+        eq = row.get("sg_graph_equal_tok_s")
+        lines.append(
+            f"{row['d']:>5} {row['n_layers']:>6} {row['sg_eager_tok_s']:>10.0f} {row['sg_graph_tok_s']:>10.0f} {row['graph_over_eager']:>11.2f} "
+            f"{num(row.get('torch_eager_tok_s'), '.0f'):>11} {num(tg, '.0f'):>11} {ratio(row['sg_graph_tok_s'], tg):>14} "
+            f"{num(tc, '.0f'):>13} {ratio(row['sg_graph_tok_s'], tc):>10} {num(eq, '.0f'):>11} {ratio(eq, tg):>14} "
+            f"{row['graph_bandwidth'] / 1e9:>6.0f} {num(row.get('fraction_of_read_only'), '.1%'):>12}"
+        )
+    if "bandwidths" in m:
+        bw = m["bandwidths"]
+        lines.append(
+            f"ceiling: a read-only streaming kernel over {m['ceiling_bytes'] / 1e6:.0f} MB (the 22-layer weights): {bw['read_only'] / 1e9:.0f} GB/s "
+            f"= {bw['read_only'] / m['ceiling_bytes']:.0f} tokens/s at d={m['d']} x 22; device-to-device copy (read + write): "
+            f"memcpy {bw['memcpy'] / 1e9:.0f} GB/s, copy kernel {bw['copy_kernel'] / 1e9:.0f} GB/s"
+        )
+    return lines
+
+
+def plot(m: dict[str, Any], out_dir: Any, plt: Any) -> None:
+    """``where_scopegraph_stands.png``: tokens per second of the 22-layer model at each width, every
+    side of the comparison, with the read-only ceiling as a line."""
+    rows = [row for row in m["rows"] if row["n_layers"] == max(LAYERS)]
+    if not rows:
+        return
+    sides = [("sg_graph_tok_s", f"scopegraph graph ({FAST}, {FORMS[FAST][0]}k/layer, PDL)"),
+             ("sg_graph_equal_tok_s", f"scopegraph graph ({FORMS[EQUAL][0]}k/layer, PDL)"),
+             ("sg_eager_tok_s", "scopegraph eager"),
+             ("torch_compile_tok_s", 'torch.compile("reduce-overhead")'),
+             ("torch_graph_tok_s", "PyTorch CUDA graph (4k/layer)"),
+             ("torch_eager_tok_s", "PyTorch eager")]
+    fig, axes = plt.subplots(1, len(rows), figsize=(5.5 * len(rows), 4), squeeze=False)
+    for ax, row in zip(axes[0], rows):
+        shown = [(label, row[key]) for key, label in sides if key in row]
+        ax.barh([label for label, _ in shown][::-1], [v for _, v in shown][::-1], color="tab:blue")
+        if "read_only_tok_s" in row and row["d"] == m["d"]:
+            ax.axvline(row["read_only_tok_s"], color="tab:red", linestyle="--", label="read-only streaming ceiling")
+            ax.legend(loc="lower right", fontsize=8)
+        ax.set(xlabel="tokens per second", title=f"seed model d={row['d']} x {row['n_layers']} layers")
+        ax.tick_params(axis="y", labelsize=8)
+    fig.tight_layout()
+    fig.savefig(out_dir / "where_scopegraph_stands.png", dpi=120)

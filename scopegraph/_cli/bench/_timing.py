@@ -1,4 +1,4 @@
-"""Timing helpers shared by the benchmark suites: medians of repeated rounds, environment facts."""
+"""Timing helpers shared by the benchmark suites: medians of repeated rounds, interleaved sides, environment facts."""
 
 from __future__ import annotations
 
@@ -32,6 +32,35 @@ def time_calls(fn: Callable[[], object], sync: Callable[[], object], calls: int,
         walls.append((t2 - t0) / calls)
         submits.append((t1 - t0) / calls)
     return {"wall": statistics.median(walls), "submit": statistics.median(submits)}
+
+
+Side = tuple[Callable[[], object], Callable[[], object], int]  # (call, sync, calls per timing)
+
+
+def interleaved(sides: dict[str, Side], rounds: int = 5, inner: int = 3, warmup: int = 2) -> dict[str, dict[str, float]]:
+    """Every side timed the same way: ``rounds`` rounds, each side in turn within a round (so drift
+    and clocks affect all alike), each round's figure the median of ``inner`` timings of
+    ``calls`` back-to-back calls. Per side: ``wall`` = the best (minimum) of the round medians,
+    ``median`` = their median, ``spread`` = (max - min) / median, ``submit`` = the CPU time to
+    issue the calls in the best round, all in seconds per call."""
+    for fn, sync, _ in sides.values():
+        for _ in range(warmup):
+            fn()
+        sync()
+    walls: dict[str, list[float]] = {name: [] for name in sides}
+    submits: dict[str, list[float]] = {name: [] for name in sides}
+    for _ in range(rounds):
+        for name, (fn, sync, calls) in sides.items():
+            t = time_calls(fn, sync, calls, rounds=inner, warmup=0)
+            walls[name].append(t["wall"])
+            submits[name].append(t["submit"])
+    out = {}
+    for name in sides:
+        w = walls[name]
+        best = min(range(len(w)), key=w.__getitem__)
+        med = statistics.median(w)
+        out[name] = {"wall": w[best], "median": med, "spread": (max(w) - min(w)) / med if med else 0.0, "submit": submits[name][best]}
+    return out
 
 
 def once(fn: Callable[[], object], rounds: int = 3) -> float:

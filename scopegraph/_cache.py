@@ -1,0 +1,164 @@
+"""A bounded cache of graphs by key (shapes, dtypes, user values), and buckets so that a few graphs
+serve many sizes (seed 003).
+
+    def record(s: sg.Scope, n: int) -> None: ...      # records the program for key n
+    cache = sg.GraphCache(stream, record, maxsize=4)
+    cache.get(sg.bucket(n, (64, 128, 256))).launch()
+
+- ``get(key)``: a hit returns the cached graph and makes it the most recently used; a miss opens a
+  scope on the cache's stream, calls ``record(s, key)`` and caches ``s.graph``. A closed graph
+  found in the cache (the user closed it) is dropped and built again: a miss.
+- A build that raises (in ``record`` or when the graph is instantiated) caches nothing; it still
+  counts as a miss.
+- Least-recently-used eviction past ``maxsize``: the cache drops the graph, which closes it
+  (executable destroyed, tensors unpinned) unless the user still holds it; then it closes when
+  the user is done with it (``close()``, a ``with`` block, or its last reference going).
+- ``hits``, ``misses`` and ``evictions`` count exactly; ``len(cache)`` is the number of graphs held.
+"""
+
+from __future__ import annotations
+
+import operator
+import sys
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Iterable
+from typing import Generic, SupportsIndex, TypeVar
+
+from ._errors import SignatureError, diagnostic
+from ._graph import CudaGraph
+from ._scope import Scope
+from ._stream import Stream
+
+K = TypeVar("K", bound=Hashable)
+
+
+class GraphCache(Generic[K]):
+    """One graph per key, built on demand by ``record(s, key)``, at most ``maxsize`` of them."""
+
+    def __init__(
+        self, stream: Stream, record: Callable[[Scope, K], object], maxsize: int = 8, order: str = "dataflow"
+    ) -> None:
+        if not isinstance(stream, Stream):
+            raise SignatureError(
+                f"GraphCache needs a scopegraph Stream, not {type(stream).__name__}\nhelp: pass dev.stream()"
+            )
+        if not callable(record):
+            raise SignatureError(
+                f"GraphCache's record must be a function record(s, key), not {type(record).__name__}\n"
+                "help: pass a function that records the program for a key into the scope it is given"
+            )
+        if isinstance(maxsize, bool) or not isinstance(maxsize, int) or maxsize < 1:
+            raise SignatureError(f"GraphCache maxsize={maxsize!r} is not a positive int\nhelp: pass e.g. maxsize=8")
+        self.stream = stream
+        self.record = record
+        self.maxsize = maxsize
+        self.order = order
+        self.hits = 0
+        self.misses = 0
+        self.evictions = 0
+        # key -> (graph, the scope that built it: it refers to the graph too, see _drop)
+        self._graphs: OrderedDict[K, tuple[CudaGraph, Scope]] = OrderedDict()
+        # Reentrant: a record() that calls get() meets the scope's own refusal, not a deadlock.
+        self._lock = threading.RLock()
+
+    def get(self, key: K) -> CudaGraph:
+        """The graph for ``key``: cached, or recorded now by ``record(s, key)``."""
+        with self._lock:
+            try:
+                entry = self._graphs.get(key)
+            except TypeError:
+                raise SignatureError(
+                    f"GraphCache keys must be hashable; got {type(key).__name__}\nhelp: use a tuple, an int or a string"
+                ) from None
+            if entry is not None and not entry[0].closed:
+                self._graphs.move_to_end(key)
+                self.hits += 1
+                return entry[0]
+            self.misses += 1
+            if entry is not None:
+                del self._graphs[key]  # closed by the user: build it again
+            del entry
+            with CudaGraph.scope(self.stream, self.order) as s:
+                self.record(s, key)
+            graph = s.graph
+            self._graphs[key] = (graph, s)
+            while len(self._graphs) > self.maxsize:
+                _, (evicted, scope) = self._graphs.popitem(last=False)
+                self.evictions += 1
+                _drop(evicted, scope)
+            return graph
+
+    def clear(self) -> None:
+        """Drop every graph (each closes now unless the user holds it, as on eviction). The counts stay."""
+        with self._lock:
+            while self._graphs:
+                _, (graph, scope) = self._graphs.popitem(last=False)
+                _drop(graph, scope)
+
+    def __len__(self) -> int:
+        return len(self._graphs)
+
+    def __contains__(self, key: object) -> bool:
+        try:
+            return key in self._graphs
+        except TypeError:
+            return False
+
+    def keys(self) -> list[K]:
+        """The cached keys, least recently used first."""
+        return list(self._graphs)
+
+    def __repr__(self) -> str:
+        return (
+            f"<GraphCache {len(self)}/{self.maxsize} graphs on stream #{self.stream.id}: "
+            f"{self.hits} hits, {self.misses} misses, {self.evictions} evictions>"
+        )
+
+
+def _drop(graph: CudaGraph, scope: Scope) -> None:
+    """The cache lets go of ``graph``: close it now unless someone else (the user) refers to it.
+    Then it closes when they are done: ``close()``, or its finalizer once the last reference goes.
+
+    Its references here are the caller's name, this frame's, the argument of getrefcount and
+    ``scope`` (a finished scope keeps its graph for ``s.graph``); ``probe`` is referred to in the
+    same four ways, so any count above the probe's is a reference from outside."""
+    probe = object()
+    callers_name = probe
+    scopes_reference = [probe]
+    if sys.getrefcount(graph) <= sys.getrefcount(probe):
+        graph.close()
+    del callers_name, scopes_reference, scope
+
+
+def bucket(n: SupportsIndex, buckets: Iterable[SupportsIndex]) -> int:
+    """The smallest of ``buckets`` that is at least ``n``: ``bucket(100, (64, 128, 256)) == 128``."""
+    try:
+        size = operator.index(n)
+    except TypeError:
+        raise SignatureError(
+            f"sg.bucket() takes an int size, not {type(n).__name__}\n"
+            "help: pass e.g. sg.bucket(len(batch), (64, 128, 256))"
+        ) from None
+    if isinstance(n, bool) or size < 0:
+        raise SignatureError(f"sg.bucket() got size {n!r}\nhelp: pass a size >= 0")
+    try:
+        sizes = sorted(operator.index(b) for b in buckets)
+    except TypeError:
+        raise SignatureError(
+            "sg.bucket() takes an iterable of int bucket sizes\nhelp: pass e.g. (64, 128, 256)"
+        ) from None
+    if not sizes:
+        raise SignatureError(
+            "sg.bucket() got no buckets\nhelp: pass the sizes graphs are recorded for, e.g. (64, 128, 256)"
+        )
+    for b in sizes:
+        if b >= size:
+            return b
+    raise SignatureError(
+        diagnostic(
+            f"size {size} is larger than the largest bucket, {sizes[-1]}",
+            [f"buckets: {', '.join(map(str, sizes))}"],
+            help=f"add a bucket of at least {size}, or split the work into pieces of at most {sizes[-1]}",
+        )
+    )

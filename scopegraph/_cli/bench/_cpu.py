@@ -1,0 +1,102 @@
+"""Suite 2c, CPU costs per op: building an op (``kernel[grid, block](...)``, a library helper,
+``sg.memcpy``, ``sg.memset``: argument, size and borrow checks included), recording it (built
+inside the clock, tracker included) and running it eagerly (built inside the clock). Best of 5
+interleaved round medians, microseconds per op. Targets (issue 11): build <= 3 us, record <= 5 us.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ... import CudaGraph, Device, library, memcpy, memset
+from ._timing import Side, interleaved
+
+OPS = 1000
+
+
+class _Stop(Exception):
+    pass
+
+
+def run(dev: Device, quick: bool) -> dict[str, Any]:
+    stream = dev.stream()
+    a, b, c = (dev.zeros((256,), name=n) for n in "abc")
+    add = library.add
+
+    def kernel_ops() -> None:
+        for _ in range(OPS):
+            add[1, 256](c.mut(), a, b, 256)
+
+    def helper_ops() -> None:
+        for _ in range(OPS):
+            library.add_op(c.mut(), a, b)
+
+    def memcpy_ops() -> None:
+        for _ in range(OPS):
+            memcpy(c.mut(), a)
+
+    def memset_ops() -> None:
+        for _ in range(OPS):
+            memset(c.mut(), 1.0)
+
+    bufs = [dev.zeros((256,), name=f"r{i}") for i in range(16)]
+
+    def record_ops() -> None:
+        try:
+            with CudaGraph.scope(stream) as s:
+                for i in range(OPS):
+                    s.record(library.axpy_op(bufs[(i + 1) % 16].mut(), bufs[i % 16], 1.0))
+                raise _Stop  # leave without building the graph (suite 3 times building)
+        except _Stop:
+            pass
+
+    def eager_kernels() -> None:
+        for _ in range(OPS):
+            stream.run(library.add_scalar_op(c.mut(), 1.0))
+
+    def eager_memcpy() -> None:
+        for _ in range(OPS):
+            stream.run(memcpy(c.mut(), a))
+
+    def eager_memset() -> None:
+        for _ in range(OPS):
+            stream.run(memset(c.mut(), 1.0))
+
+    nothing = lambda: None  # noqa: E731
+    sides: dict[str, Side] = {
+        "build_kernel": (kernel_ops, nothing, 1),
+        "build_helper": (helper_ops, nothing, 1),
+        "build_memcpy": (memcpy_ops, nothing, 1),
+        "build_memset": (memset_ops, nothing, 1),
+        "record_kernel": (record_ops, nothing, 1),
+        "eager_kernel": (eager_kernels, stream.sync, 1),
+        "eager_memcpy": (eager_memcpy, stream.sync, 1),
+        "eager_memset": (eager_memset, stream.sync, 1),
+    }
+    timed = interleaved(sides, rounds=5 if not quick else 2, inner=3 if not quick else 1)
+    rows = {name: {k: v / OPS if k != "spread" else v for k, v in t.items()} for name, t in timed.items()}
+    for t in (a, b, c, *bufs):
+        t.free()
+    return {"ops": OPS, "rows": rows}
+
+
+LABELS = {
+    "build_kernel": "build add[1, 256](out.mut(), a, b, n)",
+    "build_helper": "build library.add_op(out.mut(), a, b)",
+    "build_memcpy": "build sg.memcpy(dst.mut(), src)",
+    "build_memset": "build sg.memset(dst.mut(), 1.0)",
+    "record_kernel": "s.record(axpy_op(...)), built inside; tracker included",
+    "eager_kernel": "eager stream.run(add_scalar_op(...)), built inside",
+    "eager_memcpy": "eager stream.run(sg.memcpy(...)), built inside",
+    "eager_memset": "eager stream.run(sg.memset(...)), built inside",
+}
+
+
+def format_rows(r: dict[str, Any]) -> list[str]:
+    lines = [
+        f"## 2c. CPU cost per op, microseconds (best of 5 interleaved round medians of {r['ops']} ops; median, spread)",
+        f"{'what':<58} {'best':>7} {'median':>7} {'spread':>7}",
+    ]
+    for name, row in r["rows"].items():
+        lines.append(f"{LABELS.get(name, name):<58} {row['wall'] * 1e6:>7.2f} {row['median'] * 1e6:>7.2f} {row['spread']:>7.1%}")
+    return lines

@@ -1,0 +1,163 @@
+"""Graph parameters: ``sg.Param`` stands for a scalar kernel argument whose value a graph can change
+between replays without being rebuilt.
+
+    eps = sg.Param("eps", sg.f32, 1e-5)
+    s.record(library.rms_norm.generics(256)[rows, 256](out.mut(), x, w, eps, d))
+    graph.launch(eps=1e-6)          # updates the nodes that use `eps`, then replays
+
+- A Param is passed wherever a kernel takes a scalar; its dtype must be the one the kernel
+  declares. An op built with a Param runs eagerly (``stream.run``) with the default.
+- A graph starts with every parameter at its default, like a fresh recording. ``launch(name=v)``
+  checks every value first (an unknown name, a value the dtype cannot hold exactly, or a size that
+  would make a launch reach past a tensor is a SignatureError, and nothing is changed or
+  launched), then updates only the nodes whose parameters changed, through the executable graph's
+  node update. A value equal to the current one costs nothing. Values stay until changed again.
+- Parameters are named per graph: one name, one parameter. Two Params with the same name in one
+  scope must agree on dtype and default (else a SignatureError at ``record``).
+
+With the scopegraph mypy plugin, a kernel's ``sg.f32`` parameter accepts a ``Param[float]`` and an
+``sg.i32`` one a ``Param[int]``.
+"""
+
+from __future__ import annotations
+
+import keyword
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+import numpy as np
+
+from ._dtypes import DType, DTypeLike, as_dtype
+from ._errors import SignatureError, diagnostic
+
+if TYPE_CHECKING:
+    from ._backends._base import Executable
+    from ._kernel import KernelLaunch
+    from ._scope import RecordedNode
+
+T = TypeVar("T", bound=float)
+
+# Names graph.launch() takes itself.
+RESERVED = frozenset({"stream"})
+
+
+class Param(Generic[T]):
+    """A named scalar kernel argument whose value a graph can change at ``launch(name=value)``."""
+
+    __slots__ = ("default", "dtype", "name")
+
+    def __init__(self, name: str, dtype: type[T] | DTypeLike, default: T) -> None:
+        if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name) or name in RESERVED:
+            raise SignatureError(
+                diagnostic(
+                    f"sg.Param name {name!r} cannot be a keyword argument of graph.launch()",
+                    ["graph.launch(name=value) sets a parameter, and `stream` is launch's own argument"],
+                    help="name the parameter with a Python identifier other than `stream`, "
+                    'e.g. sg.Param("eps", sg.f32, 1e-5)',
+                )
+            )
+        self.name = name
+        self.dtype: DType = as_dtype(dtype)
+        # The value as the kernel receives it (a numpy scalar of the C type); checked exactly.
+        self.default: np.generic = self.dtype.scalar(default, f"the default of parameter `{name}`")
+
+    def __repr__(self) -> str:
+        return f"sg.Param({self.name!r}, sg.{self.dtype.name}, {self.default.item()!r})"
+
+    def same_as(self, other: Param[Any]) -> bool:
+        return self.dtype == other.dtype and _same_value(self.default, other.default)
+
+
+def _same_value(a: np.generic, b: np.generic) -> bool:
+    """Bitwise equality (so -0.0 and 0.0 differ, and a NaN equals itself): what the kernel would see."""
+    return a.dtype == b.dtype and a.tobytes() == b.tobytes()
+
+
+def note_params(seen: dict[str, Param[Any]], op: KernelLaunch) -> None:
+    """Check, at ``record``, that the op's parameters agree with those recorded before in the scope."""
+    for _, param in op.params:
+        known = seen.get(param.name)
+        if known is None:
+            seen[param.name] = param
+        elif known is not param and not known.same_as(param):
+            raise SignatureError(
+                diagnostic(
+                    f"two different parameters are named `{param.name}` in one scope",
+                    [f"recorded before: {known!r}", f"`{op.name}` uses {param!r}"],
+                    help="use one sg.Param object for every launch that shares the value, or give them different names",
+                )
+            )
+
+
+class ParamTable:
+    """A graph's parameters: their dtypes, current values and the nodes that use each one."""
+
+    __slots__ = ("params", "users", "values")
+
+    def __init__(self, nodes: Sequence[RecordedNode]) -> None:
+        self.params: dict[str, Param[Any]] = {}
+        self.users: dict[str, list[int]] = {}
+        # Kernel launches have parameters; loop and branch bodies refuse them (scopegraph._control).
+        for node in nodes:
+            params: tuple[tuple[int, Param[Any]], ...] = getattr(node.op, "params", ())
+            if params:
+                for _, param in params:
+                    self.params.setdefault(param.name, param)
+                    users = self.users.setdefault(param.name, [])
+                    if not users or users[-1] != node.index:
+                        users.append(node.index)
+        self.values: dict[str, np.generic] = {name: p.default for name, p in self.params.items()}
+
+    def check(self, graph_id: int, given: Mapping[str, object]) -> dict[str, np.generic]:
+        """The values in ``given`` that differ from the current ones, each checked exactly.
+        Raises before anything changes."""
+        changed: dict[str, np.generic] = {}
+        for name, value in given.items():
+            param = self.params.get(name)
+            if param is None:
+                known = ", ".join(f"{p.name} (sg.{p.dtype.name})" for p in self.params.values()) or "none"
+                raise SignatureError(
+                    diagnostic(
+                        f"graph #{graph_id} has no parameter `{name}`",
+                        [f"its parameters: {known}"],
+                        help="pass a name an sg.Param of the recording has, e.g. graph.launch(eps=1e-6)",
+                    )
+                )
+            scalar = param.dtype.scalar(value, f"parameter `{name}` of graph #{graph_id}")
+            if not _same_value(scalar, self.values[name]):
+                changed[name] = scalar
+        return changed
+
+    def affected(self, changed: Mapping[str, np.generic]) -> list[int]:
+        """The nodes that use a changed parameter, in record order."""
+        if len(changed) == 1:
+            (name,) = changed
+            return self.users[name]
+        return sorted({i for name in changed for i in self.users[name]})
+
+    def apply(self, graph_id: int, nodes: Sequence[RecordedNode], exe: Executable, given: Mapping[str, object]) -> bool:
+        """Check ``given``, then update the executable's nodes that use a changed parameter.
+        Returns whether any node was updated."""
+        changed = self.check(graph_id, given)
+        if not changed:
+            return False
+        values = self.values | changed
+        indices = self.affected(changed)
+        for i in indices:  # sizes checked for every node before any is updated
+            op: KernelLaunch = nodes[i].op  # type: ignore[assignment]
+            if op.kernel.touches is not None:
+                op.check_touches(op.resolved(values))
+        done: list[int] = []
+        try:
+            for i in indices:
+                exe.update_node(i, nodes[i].op, values)
+                done.append(i)
+        except BaseException:
+            for i in done:  # a driver failure part way: put back what was changed (best effort)
+                try:
+                    exe.update_node(i, nodes[i].op, self.values)
+                except Exception:
+                    continue  # the first error is the one to report
+            raise
+        self.values = values
+        return True

@@ -1,0 +1,84 @@
+"""Programmatic dependent launch: which edges of a graph may be programmatic (DESIGN.md section 7).
+
+A full edge A -> B starts B when A has finished. A *programmatic* edge starts B as soon as every
+block of A has executed ``griddepcontrol.launch_dependents`` (or exited), so B's blocks can load
+what does not depend on A (weights) while A still runs; B's ``griddepcontrol.wait`` then blocks
+until A has finished and its writes are visible. That is only correct when B keeps the PDL
+contract, which a kernel declares with ``@sg.kernel(SOURCE, pdl=True, reads_before_wait=(...))``:
+every thread waits before it writes memory, before it reads anything but the parameters named in
+``reads_before_wait``, and before it exits.
+
+An edge d -> n of a recording is programmatic when
+
+- both ops are launches of ``pdl=True`` kernels (so n waits, and d, which also waits before it
+  finishes, has finished only once everything before d has: completion stays transitive along
+  chains of programmatic edges, which the tracker's pruned edges rely on), and
+- nothing d writes overlaps what n reads before its wait (a weight written by d must be complete
+  before n starts loading it).
+
+Every other edge (memcpy, memset, join, loop and non-PDL kernel nodes at either end) stays full.
+The scope computes this once per recorded op (``RecordedNode.programmatic``); the CUDA backend
+makes those edges programmatic on sm_90 and later and full below, and the host backend ignores
+them. ``CudaGraph.scope(stream, pdl=False)`` records every edge as a full one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from ._errors import SignatureError, diagnostic
+from ._kernel import KernelLaunch
+
+if TYPE_CHECKING:
+    from ._ops import GraphNode
+    from ._scope import RecordedNode
+
+NONE: frozenset[int] = frozenset()
+
+
+def programmatic_deps(op: GraphNode, deps: frozenset[int], nodes: Sequence[RecordedNode]) -> frozenset[int]:
+    """The subset of ``deps`` (indices into ``nodes``) whose edges into ``op`` may be programmatic."""
+    if type(op) is not KernelLaunch or not op.kernel.pdl or not deps:
+        return NONE
+    early_names = op.kernel.reads_before_wait
+    early = [b for b in op.borrows if b.param in early_names] if early_names else []
+    chosen = []
+    for d in deps:
+        before = nodes[d].op
+        if type(before) is not KernelLaunch or not before.kernel.pdl:
+            continue
+        if early and any(w.mutable and w.overlaps(e) for w in before.borrows for e in early):
+            continue  # `op` would load what `before` is still writing
+        chosen.append(d)
+    return frozenset(chosen) if chosen else NONE
+
+
+def check_programmatic(graph_id: int, nodes: Sequence[RecordedNode], changes: Mapping[int, GraphNode]) -> None:
+    """A rebind keeps the graph's edges, so it must not make a programmatic edge unsafe: a node
+    that now loads, before its wait, what a programmatic predecessor writes. Checked on every
+    backend (what the host accepts, a GPU runs)."""
+    if not changes or not any(n.programmatic for n in nodes):
+        return
+    ops = {i: changes.get(i, n.op) for i, n in enumerate(nodes)}
+    touched = set(changes)
+    for n in nodes:
+        if not n.programmatic or not (n.index in touched or touched & n.programmatic):
+            continue
+        op = ops[n.index]
+        early = [b for b in op.borrows if b.param in op.kernel.reads_before_wait] if type(op) is KernelLaunch else []
+        for d in sorted(n.programmatic):
+            for w in ops[d].borrows:
+                for e in early:
+                    if w.mutable and w.overlaps(e):
+                        raise SignatureError(
+                            diagnostic(
+                                f"cannot rebind graph #{graph_id}: node {n.index} (`{op.name}`) would load `{e.tensor.name}` "
+                                f"before it waits, while node {d} (`{ops[d].name}`) writes it",
+                                [
+                                    f"the edge {d} -> {n.index} is programmatic: node {n.index} starts while node {d} runs",
+                                    f"`{e.param}` is read before griddepcontrol.wait (reads_before_wait)",
+                                ],
+                                help="record the graph again with the new tensors (or with CudaGraph.scope(stream, pdl=False))",
+                            )
+                        )

@@ -1,0 +1,433 @@
+"""Programmatic dependent launch (issue 11, DESIGN.md section 7): which edges become programmatic,
+the declaration's checks, the library kernels' PDL structure, and on a GPU that results are the
+same with PDL on and off and that a kernel which forgets to wait is caught."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+import pytest
+
+import scopegraph as sg
+from scopegraph import CudaGraph, Mut, Tensor, library
+from scopegraph._cli.bench._chain import Chain
+from scopegraph._cli.seed_model import FORMS, Config, LayerStack, reference_forward, relative_error
+
+NDArray = np.ndarray[Any, np.dtype[Any]]
+
+# -- helper kernels ----------------------------------------------------------------------------
+
+HELPERS = (
+    library.SOURCE
+    + r"""
+// dst = src, written late: block 0 spins for spin_ns first. Triggers its dependents at entry, so
+// a programmatic dependent runs its pre-wait part while this kernel spins.
+extern "C" __global__ void slow_copy(float* __restrict__ dst, const float* __restrict__ src, int n, long long spin_ns) {
+    pdl_launch_dependents();
+    pdl_wait();
+    if (threadIdx.x == 0) {
+        unsigned long long t0, t;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+        do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while (t - t0 < (unsigned long long)spin_ns);
+    }
+    __syncthreads();
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) dst[i] = src[i];
+}
+
+// dst = src after waiting: a correct PDL kernel.
+extern "C" __global__ void copy_waits(float* __restrict__ dst, const float* __restrict__ src, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    pdl_wait();
+    if (i < n) dst[i] = src[i];
+}
+
+// dst = src WITHOUT waiting, yet declared pdl=True below: the bug the tests must catch.
+extern "C" __global__ void copy_forgets(float* __restrict__ dst, const float* __restrict__ src, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) dst[i] = src[i];
+}
+
+// a = b = value: one kernel writing two tensors.
+extern "C" __global__ void fill2(float* __restrict__ a, float* __restrict__ b, float value, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    pdl_wait();
+    if (i < n) a[i] = b[i] = value;
+}
+"""
+)
+
+
+@sg.kernel(HELPERS, touches={"dst": "n", "src": "n"}, pdl=True)
+def slow_copy(dst: Mut[Tensor], src: Tensor, n: sg.i32, spin_ns: sg.i64) -> None: ...
+
+
+@sg.kernel(HELPERS, touches={"dst": "n", "src": "n"}, pdl=True)
+def copy_waits(dst: Mut[Tensor], src: Tensor, n: sg.i32) -> None: ...
+
+
+@sg.kernel(HELPERS, touches={"dst": "n", "src": "n"}, pdl=True)
+def copy_forgets(dst: Mut[Tensor], src: Tensor, n: sg.i32) -> None: ...
+
+
+@sg.kernel(HELPERS, touches={"a": "n", "b": "n"}, pdl=True)
+def fill2(a: Mut[Tensor], b: Mut[Tensor], value: sg.f32, n: sg.i32) -> None: ...
+
+
+@slow_copy.host
+@copy_waits.host
+@copy_forgets.host
+def _copy(dst: NDArray, src: NDArray, n: np.int32, *spin: object) -> None:
+    dst.reshape(-1)[:n] = src.reshape(-1)[:n]
+
+
+@fill2.host
+def _fill2(a: NDArray, b: NDArray, value: np.float32, n: np.int32) -> None:
+    a.reshape(-1)[:n] = value
+    b.reshape(-1)[:n] = value
+
+
+@sg.kernel('extern "C" __global__ void plain(float* out, int n) { if (threadIdx.x < n) out[threadIdx.x] = 1.0f; }', touches={"out": "n"})
+def plain(out: Mut[Tensor], n: sg.i32) -> None: ...
+
+
+@plain.host
+def _plain(out: NDArray, n: np.int32) -> None:
+    out.reshape(-1)[:n] = 1.0
+
+
+def rand(rng: np.random.Generator, *shape: int) -> NDArray:
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+# -- which edges are programmatic (every backend) ----------------------------------------------
+
+
+def test_edges_between_pdl_kernels_are_programmatic_and_no_others(sg_device: sg.Device, sg_stream: sg.Stream) -> None:
+    x, y, z = (sg_device.zeros((64,), name=n) for n in "xyz")
+    with CudaGraph.scope(sg_stream) as s:
+        a = s.record(library.fill_op(x.mut(), 1.0))  # 0
+        b = s.record(library.add_op(y.mut(), x, x))  # 1: pdl after pdl
+        c = s.record(sg.memcpy(z.mut(), y))  # 2: a memcpy: full edges in and out
+        d = s.record(library.axpy_op(x.mut(), z, 2.0))  # 3: after the memcpy (full) and after add, which read x (pdl)
+        e = s.record(plain[1, 64](y.mut(), 64))  # 4: not a PDL kernel: full
+    assert a.programmatic == frozenset() and b.programmatic == {0} and c.programmatic == frozenset()
+    assert d.deps == {1, 2} and d.programmatic == {1}
+    assert e.deps == {2} and e.programmatic == frozenset()
+    with s.graph as g:
+        assert g.edges == [(0, 1), (1, 2), (1, 3), (2, 3), (2, 4)]
+        pdl = bool(getattr(g.executable, "pdl", False))  # sm_90+ GPU
+        assert g.programmatic_edges == ([(0, 1), (1, 3)] if pdl else [])
+        dashed = [line for line in g.to_dot().splitlines() if "dashed" in line]
+        assert len(dashed) == (2 if pdl else 0)
+        g.launch()
+        g.sync()
+    np.testing.assert_array_equal(x.numpy(), 5.0)  # 1 + 2 * (1 + 1)
+
+
+def test_a_pdl_kernel_reading_early_what_its_predecessor_writes_gets_a_full_edge(sg_device: sg.Device, sg_stream: sg.Stream) -> None:
+    w = sg_device.zeros((8, 8), name="w")
+    x, out = sg_device.zeros((8,), name="x"), sg_device.zeros((8,), name="out")
+    with CudaGraph.scope(sg_stream) as s:
+        s.record(fill2[1, 64](w.view((64,)).mut(), sg_device.zeros((64,)).mut(), 1.0, 64))  # writes w
+        s.record(library.fill_op(x.mut(), 2.0))
+        mv = s.record(library.matvec_op(out.mut(), x, w))  # w is read before the wait
+    assert mv.deps == {0, 1} and mv.programmatic == {1}
+    with s.graph as g:
+        g.launch()
+        g.sync()
+    np.testing.assert_array_equal(out.numpy(), 16.0)
+
+
+def test_pdl_false_records_full_edges_only(sg_device: sg.Device, sg_stream: sg.Stream) -> None:
+    model = LayerStack(sg_device, Config(d=32, n_layers=2))
+    for pdl, expect in ((True, True), (False, False)):
+        with CudaGraph.scope(sg_stream, pdl=pdl) as s:
+            for op in model.ops("fused"):
+                s.record(op)
+        with s.graph as g:
+            assert any(n.programmatic for n in g.nodes) is expect
+            if not pdl:
+                assert g.programmatic_edges == []
+    with pytest.raises(sg.SignatureError, match="pdl= takes True or False"):
+        CudaGraph.scope(sg_stream, pdl=1)  # type: ignore[arg-type]
+
+
+def test_the_host_backend_builds_no_programmatic_edges() -> None:
+    dev = sg.device("host")
+    x, y = dev.zeros((4,)), dev.zeros((4,))
+    with CudaGraph.scope(dev.stream()) as s:
+        s.record(library.fill_op(x.mut(), 1.0))
+        node = s.record(library.add_op(y.mut(), x, x))
+    assert node.programmatic == {0}  # recorded: it would be programmatic on an sm_90 GPU
+    with s.graph as g:
+        assert g.programmatic_edges == [] and "dashed" not in g.to_dot()
+
+
+# -- the declaration ---------------------------------------------------------------------------
+
+
+def test_declaration_checks() -> None:
+    src = 'extern "C" __global__ void k(float* out, const float* w, int n) {}'
+
+    def declare(**kw: Any) -> None:
+        @sg.kernel(src, name="k", **kw)
+        def k(out: Mut[Tensor], w: Tensor, n: sg.i32) -> None: ...
+
+    declare(pdl=True, reads_before_wait=("w",))
+    declare(pdl=True, reads_before_wait="w")
+    with pytest.raises(sg.SignatureError, match="not declared pdl=True"):
+        declare(reads_before_wait=("w",))
+    with pytest.raises(sg.SignatureError, match="Mut\\[Tensor\\] parameter"):
+        declare(pdl=True, reads_before_wait=("out",))
+    with pytest.raises(sg.SignatureError, match="not a tensor parameter"):
+        declare(pdl=True, reads_before_wait=("n",))
+    assert library.rms_norm.generics(64).pdl and library.rms_norm.generics(64).reads_before_wait == {"w"}
+    assert not library.noop.pdl
+
+
+def test_rebind_that_would_make_a_programmatic_edge_race_is_refused(sg_device: sg.Device, sg_stream: sg.Stream) -> None:
+    x, out = sg_device.zeros((8,), name="x"), sg_device.zeros((8,), name="out")
+    m = sg_device.zeros((8, 8), name="m")
+    w = sg_device.from_numpy(np.ones((8, 8), np.float32), name="w")
+    with CudaGraph.scope(sg_stream) as s:
+        s.record(fill2[1, 64](x.view((8,)).mut(), m.view((64,))[:8].mut(), 1.0, 8))  # writes x and m's first row
+        s.record(library.matvec_op(out.mut(), x, w))  # programmatic after fill2: reads x after the wait
+    with s.graph as g:
+        with pytest.raises(sg.SignatureError, match="would load `m` before it waits"):
+            g.rebind({w: m})
+        g.launch()  # unchanged
+        g.sync()
+    np.testing.assert_array_equal(out.numpy(), 8.0)
+
+
+# -- the library's PDL kernels, read as source (CI, no GPU) ------------------------------------
+
+
+def _function_body(source: str, name: str) -> str:
+    """The body of the __global__ function `name` (extern "C" or template) in `source`."""
+    m = re.search(rf"__global__\s+void\s+{re.escape(name)}\s*\(", source)
+    assert m, f"no __global__ function `{name}` in the source"
+    start = source.index("{", m.end())
+    depth = 0
+    for i in range(start, len(source)):
+        depth += {"{": 1, "}": -1}.get(source[i], 0)
+        if depth == 0:
+            return source[start + 1 : i]
+    raise AssertionError(f"unbalanced braces in `{name}`")
+
+
+def _top_level(body: str) -> str:
+    """The statements at the body's own brace depth (nested blocks blanked)."""
+    out, depth = [], 0
+    for ch in body:
+        if ch == "}":
+            depth -= 1
+        out.append(ch if depth == 0 else " ")
+        if ch == "{":
+            depth += 1
+    return "".join(out)
+
+
+def check_pdl_structure(k: sg.Kernel[Any], source: str) -> list[str]:
+    """What is wrong with a PDL kernel's source: it must call pdl_wait() at its top level (every
+    thread, unconditionally), return nowhere before it, and mention no tensor parameter before it
+    except those named in reads_before_wait."""
+    body = _function_body(source, k.cpp_name)
+    top = _top_level(body)
+    at = top.find("pdl_wait();")
+    if at < 0:
+        return [f"{k.cpp_name}: no unconditional pdl_wait() at the top level of its body"]
+    before = body[:at]
+    problems = [f"{k.cpp_name}: returns before pdl_wait()"] if re.search(r"\breturn\b", before) else []
+    for p in k.params:
+        if p.kind != "scalar" and p.name not in k.reads_before_wait and re.search(rf"(?<![.\w]){p.name}\b", re.sub(r"//.*", "", before)):
+            problems.append(f"{k.cpp_name}: touches `{p.name}` before pdl_wait() (not in reads_before_wait)")
+    return problems
+
+
+PDL_KERNELS = [k for k in library.ALL_KERNELS if k.pdl]
+
+
+@pytest.mark.parametrize("kernel", PDL_KERNELS, ids=lambda k: k.name_expression)
+def test_library_pdl_kernels_wait_before_touching_their_inputs(kernel: sg.Kernel[Any]) -> None:
+    assert check_pdl_structure(kernel, library.SOURCE) == []
+
+
+def test_the_structure_check_catches_a_kernel_that_forgets_to_wait() -> None:
+    assert check_pdl_structure(copy_waits, HELPERS) == []
+    assert check_pdl_structure(copy_forgets, HELPERS) == ["copy_forgets: no unconditional pdl_wait() at the top level of its body"]
+    early = library.SOURCE.replace("pdl_launch_dependents();\n    pdl_wait();  // a and b", "float t = a[0];\n    pdl_wait();  // a and b")
+    assert check_pdl_structure(library.add, early) == ["add: touches `a` before pdl_wait() (not in reads_before_wait)"]
+    nested = library.SOURCE.replace("pdl_wait();  // a and b are predecessors' outputs", "if (i < n) { pdl_wait(); }")
+    assert check_pdl_structure(library.add, nested) == ["add: no unconditional pdl_wait() at the top level of its body"]
+
+
+# -- the fused kernels against numpy (every backend) -------------------------------------------
+
+
+def test_fused_matvec_kernels(sg_device: sg.Device, sg_stream: sg.Stream) -> None:
+    rng = np.random.default_rng(7)
+    for n, k in ((300, 1024), (70, 37), (5, 2048 + 4), (3, 13000)):  # vector, scalar, vector with a tail, too wide for shared memory
+        w_np, x_np, nw_np, o_np = rand(rng, n, k), rand(rng, k), rand(rng, k), rand(rng, n)
+        w, x, nw = sg_device.from_numpy(w_np), sg_device.from_numpy(x_np), sg_device.from_numpy(nw_np)
+        out, acc = sg_device.from_numpy(np.full(n, np.nan, np.float32)), sg_device.from_numpy(o_np)
+        sg_stream.run(library.rms_norm_matvec_op(out.mut(), x, nw, w, 1e-5))
+        sg_stream.run(library.matvec_add_op(acc.mut(), x, w))
+        sg_stream.sync()
+        x64 = x_np.astype(np.float64)
+        norm = x64 / np.sqrt(np.mean(x64 * x64) + 1e-5) * nw_np
+        want = w_np.astype(np.float64) @ norm
+        assert relative_error(out.numpy(), want) < 1e-5, (n, k)
+        assert relative_error(acc.numpy(), o_np + w_np.astype(np.float64) @ x64) < 1e-5, (n, k)
+
+
+def test_matvec_without_shared_memory_takes_the_scalar_path(sg_device: sg.Device, sg_stream: sg.Stream) -> None:
+    rng = np.random.default_rng(8)
+    w_np, x_np = rand(rng, 40, 64), rand(rng, 64)
+    out = sg_device.from_numpy(np.full(40, np.nan, np.float32))
+    sg_stream.run(library.matvec[3, 64](out.mut(), sg_device.from_numpy(x_np), sg_device.from_numpy(w_np), 40, 64))
+    sg_stream.sync()
+    assert relative_error(out.numpy(), w_np.astype(np.float64) @ x_np.astype(np.float64)) < 1e-5
+
+
+# -- PDL on and off: identical results (every backend; the point is the GPU) -------------------
+
+
+@pytest.mark.parametrize("form", list(FORMS))
+def test_seed_model_identical_with_pdl_on_and_off(sg_device: sg.Device, sg_stream: sg.Stream, form: str) -> None:
+    cfg = Config(d=256 if sg_device.is_cuda else 64, n_layers=6)
+    x0 = np.random.default_rng(9).standard_normal(cfg.d).astype(np.float32)
+    model = LayerStack(sg_device, cfg)
+    start = sg_device.from_numpy(x0)
+    results: dict[bool, NDArray] = {}
+    for pdl in (True, False, True):
+        sg_stream.run(sg.memcpy(model.hidden.mut(), start))
+        with CudaGraph.scope(sg_stream, pdl=pdl) as s:
+            for op in model.ops(form):
+                s.record(op)
+        with s.graph as g:
+            for _ in range(3):
+                g.launch()
+            g.sync()
+        got = model.hidden.numpy()
+        if pdl in results:
+            np.testing.assert_array_equal(got, results[pdl])  # deterministic
+        results[pdl] = got
+    np.testing.assert_array_equal(results[True], results[False])
+    assert relative_error(results[True], reference_forward(model.host_weights, x0, cfg.eps, 3)) < 1e-4
+
+
+def test_synthetic_chain_identical_with_pdl_on_and_off(sg_device: sg.Device, sg_stream: sg.Stream) -> None:
+    chain = Chain(sg_device, 12, 1 << 18)
+    got = {}
+    for pdl in (True, False):
+        with chain.record(sg_stream, pdl) as g:
+            g.launch()
+            g.sync()
+        got[pdl] = chain.vectors[-1].numpy()
+    np.testing.assert_array_equal(got[True], got[False])
+    host = Chain(sg.device("host"), 12, 1 << 18)
+    with host.record(sg.device("host").stream()) as g:
+        g.launch()
+    np.testing.assert_allclose(got[True], host.vectors[-1].numpy(), rtol=1e-4, atol=1e-2)
+
+
+# -- the GPU: a kernel that forgets to wait is caught ------------------------------------------
+
+SPIN_NS = 200_000
+
+
+def _gpu_with_pdl() -> sg.Device:
+    dev = sg.device("cuda")
+    if not getattr(dev.backend, "pdl", False):
+        pytest.skip("programmatic edges need an sm_90+ GPU")
+    return dev
+
+
+@pytest.mark.cuda
+def test_a_pdl_kernel_that_forgets_to_wait_reads_stale_data() -> None:
+    dev = _gpu_with_pdl()
+    stream = dev.stream()
+    ones = dev.from_numpy(np.ones(256, np.float32), name="ones")
+    x, y = dev.zeros((256,), name="x"), dev.zeros((256,), name="y")
+    results = {}
+    for reader in (copy_waits, copy_forgets):
+        with CudaGraph.scope(stream) as s:
+            s.record(sg.memset(x.mut(), 0.0))  # x is 0 until the slow writer's copy
+            s.record(slow_copy[1, 256](x.mut(), ones, 256, SPIN_NS))
+            s.record(reader[1, 256](y.mut(), x, 256))
+        with s.graph as g:
+            assert g.programmatic_edges == [(1, 2)]
+            seen = []
+            for _ in range(3):
+                stream.run(sg.memset(y.mut(), -1.0))
+                g.launch()
+                g.sync()
+                seen.append(y.numpy().copy())
+        results[reader.cpp_name] = seen
+    assert all(np.array_equal(r, np.ones(256)) for r in results["copy_waits"])
+    # Without the wait the reader ran during the writer's spin: it copied the zeros.
+    assert any(not np.array_equal(r, np.ones(256)) for r in results["copy_forgets"])
+
+
+def _late(s: sg.Scope, dst: Tensor, value: Tensor) -> None:
+    """dst is poisoned (NaN) in every replay, then gets `value` from a slow PDL writer."""
+    s.record(sg.memset(dst.mut(), float("nan")))
+    s.record(slow_copy[1, 256](dst.mut(), value, dst.size, SPIN_NS))
+
+
+@pytest.mark.cuda
+def test_every_library_pdl_kernel_waits_for_a_slow_writer() -> None:
+    """Each PDL kernel of the library runs right behind a predecessor that writes its inputs (all
+    but the weights) only after spinning: a kernel that read them before its wait would see NaN."""
+    dev = _gpu_with_pdl()
+    stream = dev.stream()
+    rng = np.random.default_rng(11)
+    n, d = 300, 256
+    host = sg.device("host")
+    cases: list[tuple[str, Any, list[str]]] = [
+        ("fill", lambda t: library.fill_op(t["out"].mut(), 3.0), ["out"]),
+        ("add", lambda t: library.add_op(t["out"].mut(), t["a"], t["b"]), ["a", "b"]),
+        ("axpy", lambda t: library.axpy_op(t["out"].mut(), t["a"], 2.0), ["out", "a"]),
+        ("add_scalar", lambda t: library.add_scalar_op(t["out"].mut(), 0.5), ["out"]),
+        ("rms_norm", lambda t: library.rms_norm_op(t["row"].mut(), t["x"].view((1, d)), t["nw"], 1e-5), ["x"]),
+        ("matvec", lambda t: library.matvec_op(t["out"].mut(), t["x"], t["w"]), ["x"]),
+        ("matvec_add", lambda t: library.matvec_add_op(t["out"].mut(), t["x"], t["w"]), ["out", "x"]),
+        ("rms_norm_matvec", lambda t: library.rms_norm_matvec_op(t["out"].mut(), t["x"], t["nw"], t["w"], 1e-5), ["x"]),
+    ]
+    assert {c[0] for c in cases} == {k.cpp_name for k in PDL_KERNELS}
+    values = {"out": rand(rng, n), "a": rand(rng, n), "b": rand(rng, n), "x": rand(rng, d), "nw": rand(rng, d),
+              "w": rand(rng, n, d), "row": rand(rng, d)}
+    for name, build, late in cases:
+        want = {k: host.from_numpy(v) for k, v in values.items()}
+        host.stream().run(build(want))
+        t = {k: dev.from_numpy(v, name=k) for k, v in values.items()}
+        sources = {k: dev.from_numpy(values[k]) for k in late}
+        with CudaGraph.scope(stream) as s:
+            for k in late:
+                _late(s, t[k], sources[k])
+            node = s.record(build(t))
+        with s.graph as g:
+            assert node.programmatic and all((d_, node.index) in g.programmatic_edges for d_ in node.programmatic), name
+            for k in ("out", "row"):  # outputs start from their own values each replay
+                g.update(sg.memcpy(t[k].mut(), dev.from_numpy(values[k])))
+            g.launch()
+            g.sync()
+            for k in ("out", "row"):
+                np.testing.assert_allclose(t[k].numpy(), want[k].numpy(), rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+@pytest.mark.cuda
+def test_fused_model_graph_has_programmatic_edges_in_the_driver() -> None:
+    dev = _gpu_with_pdl()
+    model = LayerStack(dev, Config(d=128, n_layers=3))
+    with CudaGraph.scope(dev.stream()) as s:
+        for op in model.ops("fused"):
+            s.record(op)
+    with s.graph as g:
+        driver = g.executable.driver_edges()  # type: ignore[attr-defined]
+        assert [(a, b) for a, b, _ in driver] == sorted(g.edges)
+        assert [(a, b) for a, b, p in driver if p] == sorted(g.programmatic_edges) == sorted(g.edges)
+        assert g.to_dot().count("style=dashed") == len(g.edges)

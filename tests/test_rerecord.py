@@ -1,0 +1,220 @@
+"""Recording again into a graph (issue 9): ``CudaGraph.scope(stream, into=graph)`` updates the graph in
+place when the topology matches ("whole") and instantiates it again when not ("rebuilt"), with
+the results of a freshly recorded graph; refusals and failed recordings leave the graph as it was.
+Also the bench suite that compares the ways of changing a graph (``bench --only update``)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import scopegraph as sg
+from scopegraph import CudaGraph, library
+
+from .helpers import assert_stream_usable, pinned
+
+N = 64
+
+
+def chain(s: sg.Scope, x: sg.Tensor, y: sg.Tensor, scale: float, extra: int = 0) -> None:
+    """x += 1; y += scale * x; then `extra` more x += 1 (a longer chain: a new topology)."""
+    s.record(library.add_scalar_op(x.mut(), 1.0))
+    s.record(library.axpy_op(y.mut(), x, scale))
+    for _ in range(extra):
+        s.record(library.add_scalar_op(x.mut(), 1.0))
+
+
+def fresh(
+    dev: sg.Device, x0: np.ndarray[Any, Any], y0: np.ndarray[Any, Any], scale: float, extra: int
+) -> tuple[Any, Any]:
+    x, y = dev.from_numpy(x0), dev.from_numpy(y0)
+    with CudaGraph.scope(dev.stream()) as s:
+        chain(s, x, y, scale, extra)
+    with s.graph as g:
+        g.launch()
+        g.sync()
+    return x.numpy(), y.numpy()
+
+
+def test_recording_again_gives_a_fresh_graphs_results(sg_device: sg.Device, sg_stream: sg.Stream) -> None:
+    x = sg_device.from_numpy(np.arange(N, dtype=np.float32) % 7, name="x")
+    y = sg_device.zeros((N,), name="y")
+    with CudaGraph.scope(sg_stream) as s:
+        chain(s, x, y, 1.0)
+    graph = s.graph
+    first_nodes = graph.nodes
+    kinds = []
+    plan = [(0.5, 0), (2.0, 0), (2.0, 0), (-1.0, 2), (3.0, 2), (0.25, 0), (1.0, 1), (1.5, 1)]
+    for step, (scale, extra) in enumerate(plan):
+        want = fresh(sg_device, x.numpy(), y.numpy(), scale, extra)
+        with CudaGraph.scope(sg_stream, into=graph) as s2:
+            chain(s2, x, y, scale, extra)
+        assert s2.graph is graph
+        kinds.append(graph.last_update)
+        graph.launch()
+        graph.sync()
+        np.testing.assert_array_equal(x.numpy(), want[0], err_msg=f"step {step}")
+        np.testing.assert_array_equal(y.numpy(), want[1], err_msg=f"step {step}")
+        assert len(graph.nodes) == 2 + extra
+    assert kinds == ["whole", "whole", "whole", "rebuilt", "whole", "rebuilt", "rebuilt", "whole"]
+    # The earlier recording's handles still describe what was recorded then.
+    assert [n.index for n in first_nodes] == [0, 1] and first_nodes[1].op.label() == "axpy(mut y, x)"
+    graph.close()
+
+
+def test_recording_again_moves_pins_and_resets_params(sg_device: sg.Device, sg_stream: sg.Stream) -> None:
+    a, b, out = (
+        sg_device.full((N,), 1.0, name="a"),
+        sg_device.full((N,), 2.0, name="b"),
+        sg_device.zeros((N,), name="out"),
+    )
+    v = sg.Param("v", sg.f32, 10.0)
+    with CudaGraph.scope(sg_stream) as s:
+        s.record(library.add_op(out.mut(), a, a))
+        s.record(library.add_scalar[1, N](out.mut(), v, N))
+    graph = s.graph
+    graph.launch(v=1.0)
+    assert pinned(a) and not pinned(b)
+    with CudaGraph.scope(sg_stream, into=graph) as s2:
+        s2.record(library.add_op(out.mut(), b, b))
+        s2.record(library.add_scalar[1, N](out.mut(), v, N))
+    assert graph.last_update == "whole"
+    assert pinned(b) and not pinned(a)
+    a.free()  # the graph no longer uses it
+    assert graph.params == {"v": np.float32(10.0)}  # like a fresh recording
+    graph.launch()
+    graph.sync()
+    np.testing.assert_array_equal(out.numpy(), np.full(N, 14.0))
+    graph.launch(v=0.5)
+    graph.sync()
+    np.testing.assert_array_equal(out.numpy(), np.full(N, 4.5))
+    graph.close()
+    assert not pinned(b) and not pinned(out)
+
+
+def test_a_failed_recording_leaves_the_graph_unchanged(sg_device: sg.Device, sg_stream: sg.Stream) -> None:
+    x, other = sg_device.zeros((N,), name="x"), sg_device.zeros((N,), name="other")
+    with CudaGraph.scope(sg_stream) as s:
+        s.record(library.add_scalar_op(x.mut(), 1.0))
+    graph = s.graph
+    nodes = graph.nodes
+    with pytest.raises(sg.NotAGraphNodeError), CudaGraph.scope(sg_stream, into=graph) as s2:
+        s2.record(library.add_scalar_op(other.mut(), 5.0))
+        s2.record(sg.zeros((4,)))  # type: ignore[arg-type]
+    with pytest.raises(ZeroDivisionError), CudaGraph.scope(sg_stream, into=graph) as s3:
+        s3.record(library.add_scalar_op(other.mut(), 5.0))
+        _ = 1 / 0
+    assert graph.nodes == nodes and graph.last_update is None
+    assert pinned(x) and not pinned(other)
+    graph.launch()
+    graph.sync()
+    np.testing.assert_array_equal(x.numpy(), np.ones(N))
+    np.testing.assert_array_equal(other.numpy(), np.zeros(N))
+    assert_stream_usable(sg_stream)
+    graph.close()
+
+
+@pytest.mark.parametrize("path", ["whole", "rebuilt"])
+def test_a_failed_build_leaves_the_graph_unchanged(
+    sg_device: sg.Device, sg_stream: sg.Stream, path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    x = sg_device.zeros((N,), name="x")
+    with CudaGraph.scope(sg_stream) as s:
+        s.record(library.add_scalar_op(x.mut(), 1.0))
+    graph = s.graph
+    exe, nodes = graph.executable, graph.nodes
+
+    def fail(*args: object) -> Any:
+        raise sg.CudaError("cuGraphInstantiate", "CUDA_ERROR_OUT_OF_MEMORY", "injected")
+
+    if path == "whole":
+        monkeypatch.setattr(exe, "update_whole", fail)
+    else:
+        monkeypatch.setattr(sg_device.backend, "build", fail)
+    with pytest.raises(sg.CudaError, match="injected"), CudaGraph.scope(sg_stream, into=graph) as s2:
+        s2.record(library.add_scalar_op(x.mut(), 2.0))
+        if path == "rebuilt":
+            s2.record(library.add_scalar_op(x.mut(), 2.0))
+    monkeypatch.undo()
+    assert graph.executable is exe and graph.nodes == nodes and graph.last_update is None
+    graph.launch()
+    graph.sync()
+    np.testing.assert_array_equal(x.numpy(), np.ones(N))
+    assert_stream_usable(sg_stream)
+    graph.close()
+
+
+def test_into_refusals(sg_device: sg.Device, sg_stream: sg.Stream) -> None:
+    x = sg_device.zeros((N,), name="x")
+    with CudaGraph.scope(sg_stream) as s:
+        s.record(library.add_scalar_op(x.mut(), 1.0))
+    graph = s.graph
+    with pytest.raises(sg.SignatureError, match="into= takes a CudaGraph, not Scope") as info:
+        CudaGraph.scope(sg_stream, into=s)  # type: ignore[arg-type]
+    assert "help:" in str(info.value)
+    graph.close()
+    with pytest.raises(sg.LifetimeError, match=r"cannot record into graph #\d+: it is closed"):
+        CudaGraph.scope(sg_stream, into=graph)
+    assert_stream_usable(sg_stream)
+
+
+def test_into_a_graph_of_another_device(sg_device: sg.Device, sg_stream: sg.Stream) -> None:
+    from scopegraph._driver import cuda_device_count
+
+    if cuda_device_count() == 0:
+        pytest.skip("needs a second backend (a GPU)")
+    x = sg_device.zeros((N,), name="x")
+    with CudaGraph.scope(sg_stream) as s:
+        s.record(library.add_scalar_op(x.mut(), 1.0))
+    other = sg.device("host" if sg_device.is_cuda else "cuda").stream()
+    with pytest.raises(sg.SignatureError, match=r"graph #\d+ lives on"), s.graph:
+        CudaGraph.scope(other, into=s.graph)
+
+
+def test_a_program_order_recording_is_a_new_topology(sg_device: sg.Device, sg_stream: sg.Stream) -> None:
+    p, q = sg_device.zeros((N,), name="p"), sg_device.zeros((N,), name="q")
+    with CudaGraph.scope(sg_stream) as s:
+        s.record(library.fill_op(p.mut(), 1.0))
+        s.record(library.fill_op(q.mut(), 2.0))
+    with s.graph as graph:
+        with CudaGraph.scope(sg_stream, order="program", into=graph) as s2:
+            s2.record(library.fill_op(p.mut(), 3.0))
+            s2.record(library.fill_op(q.mut(), 4.0))
+        assert graph.last_update == "rebuilt" and graph.order == "program" and graph.edges == [(0, 1)]
+        graph.launch()
+        graph.sync()
+        assert p.numpy()[0] == 3.0 and q.numpy()[0] == 4.0
+
+
+def test_bench_update_suite_runs_on_the_host(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "scopegraph",
+            "bench",
+            "--quick",
+            "--only",
+            "update",
+            "--device",
+            "host",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads((tmp_path / "bench.json").read_text())["update"]
+    assert result["kernels"] == 20 and result["agree"] is True
+    assert set(result["per_iteration_s"]) == {"no_graph", "recapture", "whole_update", "node_update", "rebind"}
+    assert all(v > 0 for v in result["per_iteration_s"].values())
+    table = (tmp_path / "bench.txt").read_text()
+    assert "changing one kernel's argument every iteration" in table and "node update" in table
