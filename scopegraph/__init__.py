@@ -12,6 +12,18 @@
 
 from . import _interop  # noqa: F401  (registers Tensor.from_dlpack's wrapper)
 from ._control import Body, ControlNode, If, LoopLimitError, While  # also registers s.while_, s.if_, s.if_else
+from ._capture import CaptureError, Captured, Region  # also registers s.capture
+from ._bootstrap import DistributedError
+from ._collectives import (  # also registers the check that every rank recorded the same collectives
+    Collective,
+    CollectiveMismatchError,
+    Communicator,
+    all_gather,
+    all_reduce,
+    broadcast,
+    init_distributed,
+    reduce_scatter,
+)
 from ._device import Device, device
 from ._dtypes import (
     DType,
@@ -63,6 +75,12 @@ __all__ = [
     "AllocationOp",
     "Body",
     "BorrowError",
+    "CaptureError",
+    "Captured",
+    "Collective",
+    "CollectiveMismatchError",
+    "Communicator",
+    "DistributedError",
     "BoundsError",
     "CompileError",
     "ControlNode",
@@ -86,6 +104,7 @@ __all__ = [
     "Op",
     "Param",
     "RecordedNode",
+    "Region",
     "Scope",
     "ScopeGraphError",
     "ScopeStateError",
@@ -95,6 +114,9 @@ __all__ = [
     "TensorSpec",
     "While",
     "__version__",
+    "all_gather",
+    "all_reduce",
+    "broadcast",
     "bucket",
     "device",
     "dup",
@@ -111,6 +133,7 @@ __all__ = [
     "i16",
     "i32",
     "i64",
+    "init_distributed",
     "int8",
     "int16",
     "int32",
@@ -119,6 +142,7 @@ __all__ = [
     "memcpy",
     "memset",
     "mut",
+    "reduce_scatter",
     "u8",
     "u32",
     "u64",

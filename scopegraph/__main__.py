@@ -102,6 +102,9 @@ def build_parser(prog: str) -> Parser:
                       help="model width (default: 2048 on a GPU, 256 on the host)")
     demo.add_argument("--layers", type=positive_int, default=None, metavar="N",
                       help="number of layers (default: 22)")
+    demo.add_argument("--gpus", type=positive_int, default=None, metavar="N",
+                      help="split the model over N processes, one GPU each (tensor parallel, NCCL); "
+                      "run under `torchrun --nproc-per-node N`")
 
     bench = sub.add_parser(
         "bench", help="run the benchmarks; writes bench.json, bench.txt and plots",
@@ -112,6 +115,9 @@ def build_parser(prog: str) -> Parser:
     bench.add_argument("--only", action="append", choices=SUITES, metavar="SUITE",
                        help=f"run only this suite (repeatable): {', '.join(SUITES)}; default: all")
     bench.add_argument("--device", type=device_spec, default=None, help=device_help)
+    bench.add_argument("--gpus", type=positive_int, default=None, metavar="N",
+                       help="run only the tensor-parallel suite: the seed model over N processes, one GPU each, "
+                       "against 1 GPU; run under `torchrun --nproc-per-node N` (writes DIR/bench-tp.json)")
     for command in (info, demo, bench):
         command.set_defaults(parser=command)  # so that a refusal after parsing names the command
     return parser
@@ -142,6 +148,14 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             from ._cli.info import main as info_main
 
             return info_main()
+        if args.command == "demo" and args.gpus is not None:  # tensor parallel, one process per GPU
+            from ._cli.tp import demo as tp_demo
+
+            return tp_demo(args.device, args.tokens, args.d, args.layers, args.gpus)
+        if args.command == "bench" and args.gpus is not None:
+            from ._cli.bench._tp import main as tp_bench
+
+            return tp_bench(args.out, args.device, args.quick, args.gpus)
         if args.command == "demo":
             from ._cli.demo import main as demo_main
 

@@ -31,6 +31,7 @@ from ._errors import SignatureError, diagnostic
 from ._kernel import KernelLaunch
 
 if TYPE_CHECKING:
+    from ._borrow import Borrow
     from ._ops import GraphNode
     from ._scope import RecordedNode
 
@@ -68,17 +69,20 @@ def check_programmatic(graph_id: int, nodes: Sequence[RecordedNode], changes: Ma
         op = ops[n.index]
         early = [b for b in op.borrows if b.param in op.kernel.reads_before_wait] if type(op) is KernelLaunch else []
         for d in sorted(n.programmatic):
-            for w in ops[d].borrows:
-                for e in early:
-                    if w.mutable and w.overlaps(e):
-                        raise SignatureError(
-                            diagnostic(
-                                f"cannot rebind graph #{graph_id}: node {n.index} (`{op.name}`) would load `{e.tensor.name}` "
-                                f"before it waits, while node {d} (`{ops[d].name}`) writes it",
-                                [
-                                    f"the edge {d} -> {n.index} is programmatic: node {n.index} starts while node {d} runs",
-                                    f"`{e.param}` is read before griddepcontrol.wait (reads_before_wait)",
-                                ],
-                                help="record the graph again with the new tensors (or with CudaGraph.scope(stream, pdl=False))",
-                            )
-                        )
+            for e in early:
+                if any(w.mutable and w.overlaps(e) for w in ops[d].borrows):
+                    raise _rebind_error(graph_id, n.index, op, d, ops[d], e)
+
+
+def _rebind_error(graph_id: int, index: int, op: GraphNode, d: int, before: GraphNode, early: Borrow) -> SignatureError:
+    return SignatureError(
+        diagnostic(
+            f"cannot rebind graph #{graph_id}: node {index} (`{op.name}`) would load `{early.tensor.name}` "
+            f"before it waits, while node {d} (`{before.name}`) writes it",
+            [
+                f"the edge {d} -> {index} is programmatic: node {index} starts while node {d} runs",
+                f"`{early.param}` is read before griddepcontrol.wait (reads_before_wait)",
+            ],
+            help="record the graph again with the new tensors (or with CudaGraph.scope(stream, pdl=False))",
+        )
+    )

@@ -10,6 +10,7 @@ everything, so the stream stays usable and nothing leaks.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
@@ -26,12 +27,21 @@ from ._tracker import ORDERS, DataflowTracker, ProgramOrderTracker
 
 if TYPE_CHECKING:
     from ._control import Body, Entry, Block
+    from ._capture import Entry as CaptureEntry, Region
+    from ._tensor import Mut
     from ._graph import CudaGraph
     from ._tensor import Tensor
 
 # Device-side control flow (``s.while_``, ``s.if_``, ``s.if_else``) lives in ``_control``, which
 # imports this module; it registers its entry points here on import (a hook, not an import).
 control: type[Entry] | None = None
+
+# Captured regions (``s.capture``, DESIGN.md section 9) live in ``_capture``, which registers its
+# entry point here on import. ``finishing`` holds checks that a clean exit runs on the records
+# before the graph is built (``_collectives`` registers the check that every rank recorded the
+# same collectives).
+capture: type[CaptureEntry] | None = None
+finishing: list[Callable[[Sequence[RecordedNode]], None]] = []
 
 
 class _State(Enum):
@@ -116,7 +126,7 @@ class Scope:
         self._into = into
         self._params: dict[str, Param[Any]] = {}
         # The loop or branch block open in this scope, if any (see _control): record is refused meanwhile.
-        self._inner: Block[object] | None = None
+        self._inner: Block[object] | Region | None = None
 
     def __repr__(self) -> str:
         return f"<Scope on stream #{self.stream.id}, {len(self._nodes)} nodes, {self._state.value}>"
@@ -184,6 +194,27 @@ class Scope:
         assert control is not None, "scopegraph._control registers itself on import"
         return control.if_else(self, flag, _frame(1))
 
+    # -- foreign work (scopegraph._capture) -------------------------------------------------
+
+    def capture(
+        self,
+        *,
+        writes: Sequence[Mut[Tensor]],
+        reads: Sequence[Tensor] = (),
+        host: Callable[..., object] | None = None,
+        via: str = "cuda",
+        name: str = "capture",
+        keep: Sequence[object] = (),
+        mode: str = "thread_local",
+    ) -> Region:
+        """A captured region: another library's GPU work, launched inside
+        ``with s.capture(reads=[a], writes=[c.mut()], host=fn) as region:`` on ``region.stream``
+        (``via="cuda"``) or ``region.torch_stream`` (``via="torch"``), becomes one child-graph node
+        ordered by the declared borrows; the host backend runs ``host(*writes, *reads)`` on numpy
+        views instead. See ``scopegraph._capture``."""
+        assert capture is not None, "scopegraph._capture registers itself on import"
+        return capture.capture(self, writes, reads, host, via, name, keep, mode, _frame(1))
+
     def _add_join(self, index: int, deps: frozenset[int]) -> None:
         """The tracker's join nodes, recorded where the op that needed them was."""
         assert index == len(self._nodes)
@@ -218,6 +249,8 @@ class Scope:
             self._abandon()
             return
         try:
+            for check in finishing:  # before anything is built (see ``finishing``)
+                check(self._nodes)
             if self._into is not None:  # the graph takes the records, and the pin's allocations, itself
                 self._into._rerecord(tuple(self._nodes), self.stream, self._pin, self.order)
             else:

@@ -38,10 +38,9 @@ MutI32 = Annotated[Mut[Tensor], TensorSpec(dt.int32)]
 NDArray = np.ndarray[Any, np.dtype[Any]]
 
 ELEMENTWISE_BLOCK = 256
-# matvec family: 8 warps a block, 2 rows a warp (16 rows a block: one block per SM at d = 2048,
-# leaving room for the next kernel's blocks to start early under PDL).
+# matvec family: 8 warps a block, one row a warp (kernels/library.cu says why).
 MATVEC_WARPS = 8
-MATVEC_ROWS_PER_WARP = 2
+MATVEC_ROWS_PER_WARP = 1
 MAX_SHARED_BYTES = 48 * 1024
 
 
@@ -77,7 +76,7 @@ def rms_norm(out: MutF32, x: F32, w: F32, eps: dt.f32, d: dt.i32) -> None:
 
 @kernel(SOURCE, touches={"out": "n", "x": "k", "w": "n * k"}, pdl=True, reads_before_wait=("w",))
 def matvec(out: MutF32, x: F32, w: F32Matrix, n: dt.i32, k: dt.i32) -> None:
-    """out[:n] = w[:n, :k] @ x[:k]. Launch with k * 4 bytes of shared memory for the fast path."""
+    """out[:n] = w[:n, :k] @ x[:k]. Blocks of at most 256 threads; k * 4 bytes of shared memory for the fast path."""
 
 
 @kernel(SOURCE, touches={"out": "n", "x": "k", "w": "n * k"}, pdl=True, reads_before_wait=("w",))
@@ -146,7 +145,9 @@ def _matvec_add(out: NDArray, x: NDArray, w: NDArray, n: np.int32, k: np.int32) 
 
 
 @rms_norm_matvec.host
-def _rms_norm_matvec(out: NDArray, x: NDArray, nw: NDArray, w: NDArray, eps: np.float32, n: np.int32, k: np.int32) -> None:
+def _rms_norm_matvec(
+    out: NDArray, x: NDArray, nw: NDArray, w: NDArray, eps: np.float32, n: np.int32, k: np.int32
+) -> None:
     v = x.reshape(-1)[:k]
     scale = np.float32(1.0 / np.sqrt(np.mean(v * v, dtype=np.float32) + eps))
     out.reshape(-1)[:n] = (w[:n, :k] @ (v * nw.reshape(-1)[:k])) * scale

@@ -28,17 +28,25 @@ from scopegraph._kernel import Kernel
 def variant(k: Kernel[Any], macros: tuple[str, ...]) -> Kernel[Any]:
     if not macros:
         return k
-    pairs = [tuple(m.split("=")) for m in macros]  # cuda.core: (name, value), or a list of them
+    pairs = [tuple(m.split("=", 1)) for m in macros]  # cuda.core: (name, value), or a list of them
     return Kernel(
-        k.__wrapped__, k.source, k.cpp_name, (("define_macro", pairs[0] if len(pairs) == 1 else pairs),), k.template_args, k.host_fn, k.params, k.touches,
-        k.pdl, k.reads_before_wait,
+        k.__wrapped__,
+        k.source,
+        k.cpp_name,
+        (("define_macro", pairs[0] if len(pairs) == 1 else pairs),),
+        k.template_args,
+        k.host_fn,
+        k.params,
+        k.touches,
+        k.pdl,
+        k.reads_before_wait,
     )
 
 
 def fused_ops(model: LayerStack, macros: tuple[str, ...], rows_per_warp: int, warps: int = 8) -> list[Any]:
     a, b = variant(library.rms_norm_matvec, macros), variant(library.matvec_add, macros)
     ops = []
-    for w, buf in zip(model.weights, model.buffers):
+    for w, buf in zip(model.weights, model.buffers, strict=True):
         n, k = w.wq.shape
         grid = -(-n // (warps * rows_per_warp))
         ops += [
@@ -61,15 +69,19 @@ def main() -> int:
     t0 = time.perf_counter()
     big = Config(d=2048, n_layers=22)
     bw = bandwidths(dev, big.weight_bytes)
-    print(f"bandwidths GB/s: " + ", ".join(f"{k} {v / 1e9:.0f}" for k, v in bw.items()), flush=True)
+    print("bandwidths GB/s: " + ", ".join(f"{k} {v / 1e9:.0f}" for k, v in bw.items()), flush=True)
     ceiling = bw["read_only"] / big.weight_bytes
     print(f"read-only ceiling at d=2048 x 22: {ceiling:.0f} tokens/s", flush=True)
 
-    chain = Chain(dev, 88, 8 << 20)
+    chain = Chain(dev, 88 if "--chain" in sys.argv else 2, 8 << 20)
     gs = {p: chain.record(stream, p) for p in (True, False)}
     t = interleaved({str(p): (g.launch, g.sync, 20) for p, g in gs.items()}, rounds=3)
-    print(f"chain 88 x 8 MiB: full {t['False']['wall'] * 1e6:.0f} us, programmatic {t['True']['wall'] * 1e6:.0f} us "
-          f"({t['False']['wall'] / t['True']['wall']:.2f}x, {chain.nbytes / t['True']['wall'] / 1e9:.0f} GB/s)", flush=True)
+    print(
+        f"chain {len(chain.weights)} x 8 MiB: full {t['False']['wall'] * 1e6:.0f} us, "
+        f"programmatic {t['True']['wall'] * 1e6:.0f} us ({t['False']['wall'] / t['True']['wall']:.2f}x, "
+        f"{chain.nbytes / t['True']['wall'] / 1e9:.0f} GB/s)",
+        flush=True,
+    )
     for g in gs.values():
         g.close()
     chain.free()
@@ -82,10 +94,19 @@ def main() -> int:
         start = dev.from_numpy(x0[:d])
         want = reference_forward(model.host_weights, x0[:d], cfg.eps, 3)
         cases: list[tuple[str, list[Any]]] = []
-        for label, macros in (("early+L2", ()), ("late+L2", ("SG_LATE_TRIGGER=1",)), ("early", ("SG_L2_PREFETCH=0",)),
-                              ("late", ("SG_LATE_TRIGGER=1", "SG_L2_PREFETCH=0")), ("early+L2 chunk8", ("CHUNK=8",))):
-            for rpw in ((1, 2, 4) if label == "early+L2" and d == 2048 else (2,)):
-                cases.append((f"fused {label} rows/warp={rpw}", fused_ops(model, macros, rpw)))
+        variants: list[tuple[str, tuple[str, ...], int, int]] = [  # label, macros, rows per warp, warps per block
+            ("default (bounds 256,3)", (), 1, 8),
+            ("no bounds", ("SG_MATVEC_BOUNDS=",), 1, 8),
+            ("late trigger", ("SG_LATE_TRIGGER=1",), 1, 8),
+            ("no L2 prefetch", ("SG_L2_PREFETCH=0",), 1, 8),
+            ("bounds 256,3 chunk8", ("CHUNK=8",), 1, 8),
+            ("bounds 256,3 chunk4", ("CHUNK=4",), 1, 8),
+            ("bounds 128,6 w4", ("SG_MATVEC_BOUNDS=__launch_bounds__(128,6)",), 1, 4),
+        ]
+        for label, macros, rpw, warps in variants:
+            if d == 2048 and "chunk" in label:
+                continue
+            cases.append((f"fused {label} r{rpw} w{warps}", fused_ops(model, macros, rpw, warps)))
         for form in ("kernels", "seed"):
             cases.append((f"{form} (library defaults)", model.ops(form)))
         for name, ops in cases:
@@ -101,9 +122,12 @@ def main() -> int:
             on, off = 1 / t["True"]["wall"], 1 / t["False"]["wall"]
             err = relative_error(got[True], want)
             same = bool(np.array_equal(got[True], got[False]))
-            line = (f"d={d:5} {name:<34} PDL on {on:8.0f} tok/s ({on * cfg.weight_bytes / 1e9:5.0f} GB/s, "
-                    f"{on / (bw['read_only'] / cfg.weight_bytes):6.1%} of read-only)  off {off:8.0f}  on/off {on / off:5.2f}  "
-                    f"identical {same}  err {err:.1e}  spread {t['True']['spread']:.1%}")
+            line = (
+                f"d={d:5} {name:<34} PDL on {on:8.0f} tok/s ({on * cfg.weight_bytes / 1e9:5.0f} GB/s, "
+                f"{on / (bw['read_only'] / cfg.weight_bytes):6.1%} of read-only)  "
+                f"off {off:8.0f}  on/off {on / off:5.2f}  "
+                f"identical {same}  err {err:.1e}  spread {t['True']['spread']:.1%}"
+            )
             print(line, flush=True)
             results.append(line)
             for g in gs.values():

@@ -34,7 +34,7 @@ def test_independent_ops_get_no_edge_and_dependent_ones_do(sg_device: sg.Device,
         np.testing.assert_array_equal(c.numpy(), 3.0)
         np.testing.assert_array_equal(b.numpy(), 8.0)
         dot = g.to_dot()
-        assert 'n2 -> n3 [label="a"]' in dot and "fill(mut a)" in dot
+        assert 'n2 -> n3 [label="a"' in dot and "fill(mut a)" in dot  # ", style=dashed" follows on sm_90+ (PDL)
 
 
 def test_program_order_chains_everything(sg_device: sg.Device, sg_stream: sg.Stream) -> None:

@@ -21,6 +21,8 @@ EXAMPLES = {
     "shape_cache.py": [],
     "param_update.py": [],
     "decode_loop.py": ["--d", "64", "--layers", "2", "--tokens", "8"],
+    "torch_matmul.py": [],
+    "cupy_kernel.py": [],
 }
 
 
@@ -54,6 +56,18 @@ CLAIMS: dict[str, list[str]] = {
         r"sg\.Param: 50 steps, last_update=nodes, graph\.params=\{'scale': 1\.5\}, matches eager: True",
         r"rebind: 50 steps, last_update=nodes, last node: axpy\(mut y, input1\), matches eager: True",
         r"into=: 50 steps, last_update=whole, matches eager: True",
+    ],
+    # On a GPU with PyTorch (CuPy) the region is captured and checked against PyTorch (CuPy) eager;
+    # on the host backend it runs its host callable and is checked against numpy.
+    "torch_matmul.py": [
+        r"on \S+: graph nodes: add_scalar\(mut a\), capture:matmul\(mut c, a, b\)( \[\d+ nodes\])?, axpy\(mut y, c\)",
+        r"the region (ran PyTorch's torch\.matmul \(cuBLAS\), captured as one child-graph node|runs its host callable \(numpy\) on the host backend)",
+        r"3 replays: y vs (PyTorch eager|numpy): max rel\. error \d\.\de[-+]\d\d: OK",
+    ],
+    "cupy_kernel.py": [
+        r"on \S+: graph nodes: add_scalar\(mut x\), capture:square_plus\(mut out, x\)( \[\d+ nodes\])?, axpy\(mut acc, out\)",
+        r"the region (ran a CuPy ElementwiseKernel, captured as one child-graph node|runs its host callable \(numpy\) on the host backend)",
+        r"4 replays: acc vs (CuPy eager|numpy): max rel\. error \d\.\de[-+]\d\d: OK",
     ],
     "transformer_layers.py": [r"2 layers, d=128, on \S+: 10 graph nodes", r"graph vs eager: 0\.00e\+00; graph vs float64 numpy: \d\.\d\de-0[5-9]"],
 }

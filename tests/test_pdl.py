@@ -88,7 +88,10 @@ def _fill2(a: NDArray, b: NDArray, value: np.float32, n: np.int32) -> None:
     b.reshape(-1)[:n] = value
 
 
-@sg.kernel('extern "C" __global__ void plain(float* out, int n) { if (threadIdx.x < n) out[threadIdx.x] = 1.0f; }', touches={"out": "n"})
+@sg.kernel(
+    'extern "C" __global__ void plain(float* out, int n) { if (threadIdx.x < n) out[threadIdx.x] = 1.0f; }',
+    touches={"out": "n"},
+)
 def plain(out: Mut[Tensor], n: sg.i32) -> None: ...
 
 
@@ -126,7 +129,9 @@ def test_edges_between_pdl_kernels_are_programmatic_and_no_others(sg_device: sg.
     np.testing.assert_array_equal(x.numpy(), 5.0)  # 1 + 2 * (1 + 1)
 
 
-def test_a_pdl_kernel_reading_early_what_its_predecessor_writes_gets_a_full_edge(sg_device: sg.Device, sg_stream: sg.Stream) -> None:
+def test_a_pdl_kernel_reading_early_what_its_predecessor_writes_gets_a_full_edge(
+    sg_device: sg.Device, sg_stream: sg.Stream
+) -> None:
     w = sg_device.zeros((8, 8), name="w")
     x, out = sg_device.zeros((8,), name="x"), sg_device.zeros((8,), name="out")
     with CudaGraph.scope(sg_stream) as s:
@@ -207,7 +212,7 @@ def test_rebind_that_would_make_a_programmatic_edge_race_is_refused(sg_device: s
 
 def _function_body(source: str, name: str) -> str:
     """The body of the __global__ function `name` (extern "C" or template) in `source`."""
-    m = re.search(rf"__global__\s+void\s+{re.escape(name)}\s*\(", source)
+    m = re.search(rf"__global__\s+void\s+(?:\w+\s+)*{re.escape(name)}\s*\(", source)  # attributes may come between
     assert m, f"no __global__ function `{name}` in the source"
     start = source.index("{", m.end())
     depth = 0
@@ -242,7 +247,11 @@ def check_pdl_structure(k: sg.Kernel[Any], source: str) -> list[str]:
     before = body[:at]
     problems = [f"{k.cpp_name}: returns before pdl_wait()"] if re.search(r"\breturn\b", before) else []
     for p in k.params:
-        if p.kind != "scalar" and p.name not in k.reads_before_wait and re.search(rf"(?<![.\w]){p.name}\b", re.sub(r"//.*", "", before)):
+        if (
+            p.kind != "scalar"
+            and p.name not in k.reads_before_wait
+            and re.search(rf"(?<![.\w]){p.name}\b", re.sub(r"//.*", "", before))
+        ):
             problems.append(f"{k.cpp_name}: touches `{p.name}` before pdl_wait() (not in reads_before_wait)")
     return problems
 
@@ -257,8 +266,12 @@ def test_library_pdl_kernels_wait_before_touching_their_inputs(kernel: sg.Kernel
 
 def test_the_structure_check_catches_a_kernel_that_forgets_to_wait() -> None:
     assert check_pdl_structure(copy_waits, HELPERS) == []
-    assert check_pdl_structure(copy_forgets, HELPERS) == ["copy_forgets: no unconditional pdl_wait() at the top level of its body"]
-    early = library.SOURCE.replace("pdl_launch_dependents();\n    pdl_wait();  // a and b", "float t = a[0];\n    pdl_wait();  // a and b")
+    assert check_pdl_structure(copy_forgets, HELPERS) == [
+        "copy_forgets: no unconditional pdl_wait() at the top level of its body"
+    ]
+    early = library.SOURCE.replace(
+        "pdl_launch_dependents();\n    pdl_wait();  // a and b", "float t = a[0];\n    pdl_wait();  // a and b"
+    )
     assert check_pdl_structure(library.add, early) == ["add: touches `a` before pdl_wait() (not in reads_before_wait)"]
     nested = library.SOURCE.replace("pdl_wait();  // a and b are predecessors' outputs", "if (i < n) { pdl_wait(); }")
     assert check_pdl_structure(library.add, nested) == ["add: no unconditional pdl_wait() at the top level of its body"]
@@ -269,7 +282,12 @@ def test_the_structure_check_catches_a_kernel_that_forgets_to_wait() -> None:
 
 def test_fused_matvec_kernels(sg_device: sg.Device, sg_stream: sg.Stream) -> None:
     rng = np.random.default_rng(7)
-    for n, k in ((300, 1024), (70, 37), (5, 2048 + 4), (3, 13000)):  # vector, scalar, vector with a tail, too wide for shared memory
+    for n, k in (
+        (300, 1024),
+        (70, 37),
+        (5, 2048 + 4),
+        (3, 13000),
+    ):  # vector, scalar, vector with a tail, too wide for shared memory
         w_np, x_np, nw_np, o_np = rand(rng, n, k), rand(rng, k), rand(rng, k), rand(rng, n)
         w, x, nw = sg_device.from_numpy(w_np), sg_device.from_numpy(x_np), sg_device.from_numpy(nw_np)
         out, acc = sg_device.from_numpy(np.full(n, np.nan, np.float32)), sg_device.from_numpy(o_np)
@@ -398,8 +416,15 @@ def test_every_library_pdl_kernel_waits_for_a_slow_writer() -> None:
         ("rms_norm_matvec", lambda t: library.rms_norm_matvec_op(t["out"].mut(), t["x"], t["nw"], t["w"], 1e-5), ["x"]),
     ]
     assert {c[0] for c in cases} == {k.cpp_name for k in PDL_KERNELS}
-    values = {"out": rand(rng, n), "a": rand(rng, n), "b": rand(rng, n), "x": rand(rng, d), "nw": rand(rng, d),
-              "w": rand(rng, n, d), "row": rand(rng, d)}
+    values = {
+        "out": rand(rng, n),
+        "a": rand(rng, n),
+        "b": rand(rng, n),
+        "x": rand(rng, d),
+        "nw": rand(rng, d),
+        "w": rand(rng, n, d),
+        "row": rand(rng, d),
+    }
     for name, build, late in cases:
         want = {k: host.from_numpy(v) for k, v in values.items()}
         host.stream().run(build(want))

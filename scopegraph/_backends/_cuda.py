@@ -42,9 +42,10 @@ from cuda.core import Stream as CoreStream
 from cuda.core.graph import GraphDefinition
 from cuda.core.utils import StridedMemoryView
 
+from .._capture import Captured
 from .._compile import compile_kernel
 from .._control import ControlNode, If, While, sg_condition
-from .._errors import CudaError
+from .._errors import CudaError, ScopeGraphError
 from .._kernel import KernelLaunch
 from .._lifetime import note_eager_use
 from .._ops import GraphNode, Join, Memcpy, Memset
@@ -243,6 +244,7 @@ class CudaBackend:
     def __init__(self, index: int) -> None:
         self.last_work: tuple[object, Stream] | None = None
         self._current = threading.local()
+        self._configs: dict[tuple[Any, ...], LaunchConfig] = {}
         with self.driver_call(f"initialising cuda:{index}"):
             self.core = CoreDevice(index)
             self.make_current()
@@ -267,7 +269,7 @@ class CudaBackend:
         """Turn any failure of cuda.core or the driver into a CudaError (for paths off the hot loop)."""
         try:
             yield
-        except CudaError:
+        except ScopeGraphError:  # CudaError, and a capture's or a collective's own errors (scopegraph._capture)
             raise
         except Exception as exc:
             raise cuda_error(operation, exc, describe_work(self.last_work)) from exc
@@ -380,8 +382,14 @@ class CudaBackend:
             self.make_current()
             with self.driver_call(f"loading kernel `{kernel.name_expression}`"):
                 fn = kernel.compiled[self] = code.get_kernel(kernel.name_expression)
-        with self.driver_call(f"configuring `{kernel.name_expression}`[{op.grid}, {op.block}]"):
-            config = LaunchConfig(grid=op.grid, block=op.block, shmem_size=op.shmem)
+        # One LaunchConfig per launch shape, made once (building ops is a hot path: issue 11).
+        shape = (op.grid, op.block, op.shmem)
+        config = self._configs.get(shape)
+        if config is None:
+            if len(self._configs) > 4096:
+                self._configs.clear()
+            with self.driver_call(f"configuring `{kernel.name_expression}`[{op.grid}, {op.block}]"):
+                config = self._configs[shape] = LaunchConfig(grid=op.grid, block=op.block, shmem_size=op.shmem)
         # sg.Params bound to their defaults (a graph's node update binds its own values).
         values = op.resolved(None) if op.params else op.args
         args = tuple(a.allocation.address + a.offset if isinstance(a, Tensor) else a for a in values)
@@ -394,6 +402,9 @@ class CudaBackend:
             note_eager_use(op.borrows, native_stream)
         stream.last_work = name = op.name
         self.last_work = (name, stream)
+        if isinstance(op, Captured):  # a collective (scopegraph._collectives); regions never run eagerly
+            op.run_cuda(self, native_stream)
+            return
         try:
             if type(op) is KernelLaunch:
                 native = op.native
@@ -462,6 +473,8 @@ class CudaBackend:
                 op.native = self._bind(op)
             fn, config, args = op.native
             return parent.launch(config, fn, *args)  # type: ignore[no-any-return]
+        if isinstance(op, Captured):  # foreign work or a collective: a child-graph node (scopegraph._capture)
+            return parent.embed(op.child(self))  # type: ignore[no-any-return]
         # A 0-byte copy or fill is no work (the driver refuses it as a node): an empty node keeps the edges.
         if isinstance(op, Memcpy) and op.dst.nbytes:
             dst, src = op.dst, op.src

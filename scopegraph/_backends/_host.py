@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .._capture import Captured
 from .._control import ControlNode, While
 from .._errors import BoundsError, NoHostReferenceError, diagnostic
 from .._kernel import KernelLaunch
@@ -78,6 +79,8 @@ def _thunk(op: GraphNode, values: Mapping[str, np.generic] | None = None) -> Cal
         return lambda: dst.fill(value)
     if isinstance(op, ControlNode):
         return _control_thunk(op)
+    if isinstance(op, Captured):  # a captured region's host callable, or a collective over the bootstrap
+        return op.host_thunk(_array)
     if not isinstance(op, KernelLaunch):
         return lambda: None  # a join: nothing to do
     fn = op.kernel.host_fn
@@ -220,6 +223,8 @@ class HostBackend:
                     help=f"add a numpy reference with @{op.kernel.__name__}.host, or run on a CUDA device",
                 )
             )
+        if isinstance(op, Captured):  # a region needs its host callable here (scopegraph._capture)
+            op.check_host()
 
     def run(self, op: GraphNode, stream: Stream) -> None:
         _thunk(op)()

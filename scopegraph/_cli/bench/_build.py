@@ -60,7 +60,7 @@ def _core_define_instantiate(graph: CudaGraph) -> float | None:
     t0 = time.perf_counter()
     definition = GraphDefinition()
     made: list[Any] = []
-    for (fn, config, args), pred in zip(natives, deps):
+    for (fn, config, args), pred in zip(natives, deps, strict=True):
         node = (made[pred[0]] if len(pred) == 1 else definition).launch(config, fn, *args)
         if len(pred) > 1:
             node.pred = [made[p] for p in pred]

@@ -36,7 +36,9 @@ extern "C" __global__ void chain_step(float* __restrict__ out, const float* __re
 )
 
 
-@kernel(CHAIN_SOURCE, touches={"out": "grid_x", "x": "grid_x", "w": "grid_x * per4 * 4"}, pdl=True, reads_before_wait=("w",))
+@kernel(
+    CHAIN_SOURCE, touches={"out": "grid_x", "x": "grid_x", "w": "grid_x * per4 * 4"}, pdl=True, reads_before_wait=("w",)
+)
 def chain_step(out: Mut[Tensor], x: Tensor, w: Tensor, per4: i32) -> None:
     """out[b] = x[b] + sum of block b's slice of w (4 * per4 floats)."""
 
@@ -44,7 +46,9 @@ def chain_step(out: Mut[Tensor], x: Tensor, w: Tensor, per4: i32) -> None:
 @chain_step.host
 def _chain_step(out: NDArray, x: NDArray, w: NDArray, per4: np.int32) -> None:
     g = out.size
-    out.reshape(-1)[:] = x.reshape(-1)[:g] + w.reshape(-1)[: g * 4 * int(per4)].reshape(g, -1).sum(axis=1, dtype=np.float32)
+    out.reshape(-1)[:] = x.reshape(-1)[:g] + w.reshape(-1)[: g * 4 * int(per4)].reshape(g, -1).sum(
+        axis=1, dtype=np.float32
+    )
 
 
 BLOCKS = 256

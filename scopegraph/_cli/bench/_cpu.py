@@ -98,5 +98,7 @@ def format_rows(r: dict[str, Any]) -> list[str]:
         f"{'what':<58} {'best':>7} {'median':>7} {'spread':>7}",
     ]
     for name, row in r["rows"].items():
-        lines.append(f"{LABELS.get(name, name):<58} {row['wall'] * 1e6:>7.2f} {row['median'] * 1e6:>7.2f} {row['spread']:>7.1%}")
+        lines.append(
+            f"{LABELS.get(name, name):<58} {row['wall'] * 1e6:>7.2f} {row['median'] * 1e6:>7.2f} {row['spread']:>7.1%}"
+        )
     return lines

@@ -11,9 +11,10 @@ edges (sm_90+). Every side is timed the same way (``_timing.interleaved``).
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any, cast
 
-from ... import CudaGraph, Device, library
+from ... import CudaGraph, Device, Stream, Tensor, library
 from ._timing import Side, interleaved
 
 if TYPE_CHECKING:
@@ -35,54 +36,56 @@ def _core_graph(ops: list[Any]) -> Any:
 
 
 def run(dev: Device, quick: bool) -> dict[str, Any]:
-    rows = []
     stream = dev.stream()
     x = dev.zeros((256,), name="x")
-    for n in SIZES:
-        calls = max(4, 2000 // n) if not quick else max(2, 200 // n)
-        ops = [library.add_scalar_op(x.mut(), 1.0) for _ in range(n)]
-        graphs = {}
-        for pdl in (False, True):
-            with CudaGraph.scope(stream, pdl=pdl) as s:
-                for op in ops:
-                    s.record(op)
-            graphs[pdl] = s.graph
-
-        def eager() -> None:
-            for _ in range(n):
-                stream.run(library.add_scalar_op(x.mut(), 1.0))
-
-        sides: dict[str, Side] = {
-            "sg_eager": (eager, stream.sync, calls),
-            "sg_graph": (graphs[False].launch, stream.sync, calls * 4),
-            "sg_graph_pdl": (graphs[True].launch, stream.sync, calls * 4),
-        }
-        core_graph = None
-        if dev.is_cuda:
-            from cuda.core import launch
-
-            core_graph = _core_graph(ops)
-            native = cast("CoreStream", stream.native)
-
-            def core_eager() -> None:
-                for op in ops:
-                    fn, config, args = op.native
-                    launch(native, config, fn, *args)
-
-            sides["core_eager"] = (core_eager, stream.sync, calls)
-            sides["core_graph"] = (lambda: core_graph.launch(native), stream.sync, calls * 4)
-            sides |= _torch(n, calls)
-        timed = interleaved(sides, rounds=5 if not quick else 2, inner=3 if not quick else 1)
-        if core_graph is not None:
-            core_graph.close()
-        for g in graphs.values():
-            g.close()
-        row: dict[str, Any] = {"n": n}
-        for key, t in timed.items():
-            row[key] = {k: v / n if k != "spread" else v for k, v in t.items()} | {"per": "node"}
-        rows.append(row)
+    rows = [_row(dev, stream, x, n, quick) for n in SIZES]
     x.free()
     return {"rows": rows}
+
+
+def _row(dev: Device, stream: Stream, x: Tensor, n: int, quick: bool) -> dict[str, Any]:
+    calls = max(4, 2000 // n) if not quick else max(2, 200 // n)
+    ops = [library.add_scalar_op(x.mut(), 1.0) for _ in range(n)]
+    graphs = {}
+    for pdl in (False, True):
+        with CudaGraph.scope(stream, pdl=pdl) as s:
+            for op in ops:
+                s.record(op)
+        graphs[pdl] = s.graph
+
+    def eager() -> None:
+        for _ in range(n):
+            stream.run(library.add_scalar_op(x.mut(), 1.0))
+
+    sides: dict[str, Side] = {
+        "sg_eager": (eager, stream.sync, calls),
+        "sg_graph": (graphs[False].launch, stream.sync, calls * 4),
+        "sg_graph_pdl": (graphs[True].launch, stream.sync, calls * 4),
+    }
+    core_graph = None
+    if dev.is_cuda:
+        from cuda.core import launch
+
+        core_graph = _core_graph(ops)
+        native = cast("CoreStream", stream.native)
+
+        def core_eager() -> None:
+            for op in ops:
+                fn, config, args = op.native
+                launch(native, config, fn, *args)
+
+        sides["core_eager"] = (core_eager, stream.sync, calls)
+        sides["core_graph"] = (functools.partial(core_graph.launch, native), stream.sync, calls * 4)
+        sides |= _torch(n, calls)
+    timed = interleaved(sides, rounds=5 if not quick else 2, inner=3 if not quick else 1)
+    if core_graph is not None:
+        core_graph.close()
+    for g in graphs.values():
+        g.close()
+    row: dict[str, Any] = {"n": n}
+    for key, t in timed.items():
+        row[key] = {k: v / n if k != "spread" else v for k, v in t.items()} | {"per": "node"}
+    return row
 
 
 def _torch(n: int, calls: int) -> dict[str, Side]:
@@ -104,27 +107,32 @@ def _torch(n: int, calls: int) -> dict[str, Side]:
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         eager()
-    return {"torch_eager": (eager, torch.cuda.synchronize, calls), "torch_graph": (g.replay, torch.cuda.synchronize, calls * 4)}
+    return {
+        "torch_eager": (eager, torch.cuda.synchronize, calls),
+        "torch_graph": (g.replay, torch.cuda.synchronize, calls * 4),
+    }
 
 
 def format_rows(r: dict[str, Any]) -> list[str]:
     from ._timing import ratio, us
 
     lines = [
-        "## 1. launch overhead: N dependent tiny kernels (x += 1), microseconds per node: best of 5 interleaved round medians "
-        "(CPU submit); sg eager builds each op inside the clock",
+        "## 1. launch overhead: N dependent tiny kernels (x += 1), microseconds per node: best of 5 interleaved "
+        "round medians (CPU submit); sg eager builds each op inside the clock",
         f"{'N':>6} {'sg eager':>20} {'sg graph':>20} {'cuda.core graph':>20} {'sg/core':>8} {'sg graph PDL':>20} "
         f"{'cuda.core eager':>20} {'torch eager':>20} {'torch graph':>20}",
     ]
+
+    def cell(row: dict[str, Any], key: str) -> str:
+        v = row.get(key)
+        return f"{us(v['wall'])} ({us(v['submit']).strip():>6})" if v else f"{'-':>20}"
+
     for row in r["rows"]:
-
-        def cell(key: str) -> str:
-            v = row.get(key)
-            return f"{us(v['wall'])} ({us(v['submit']).strip():>6})" if v else f"{'-':>20}"
-
         sg_core = ratio(row["sg_graph"]["wall"], row["core_graph"]["wall"]) if "core_graph" in row else "-"
-        lines.append(
-            f"{row['n']:>6} {cell('sg_eager')} {cell('sg_graph')} {cell('core_graph')} {sg_core:>8} {cell('sg_graph_pdl')} "
-            f"{cell('core_eager')} {cell('torch_eager')} {cell('torch_graph')}"
-        )
+        cells = [cell(row, k) for k in ("sg_eager", "sg_graph", "core_graph")]
+        cells += [
+            f"{sg_core:>8}",
+            *(cell(row, k) for k in ("sg_graph_pdl", "core_eager", "torch_eager", "torch_graph")),
+        ]
+        lines.append(f"{row['n']:>6} " + " ".join(cells))
     return lines

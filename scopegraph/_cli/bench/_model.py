@@ -16,11 +16,10 @@ Like for like:
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
-import numpy as np
-
-from ... import CudaGraph, Device, Mut, Tensor, i64, kernel, library, memcpy
+from ... import CudaGraph, Device, Mut, Stream, Tensor, i64, kernel, library, memcpy
 from ..seed_model import FORMS, Config, LayerStack
 from ._timing import Side, interleaved, ratio
 
@@ -81,7 +80,9 @@ def bandwidths(dev: Device, read_bytes: int, copy_bytes: int = 1 << 30) -> dict[
     sms = dev.backend.core.properties.multiprocessor_count  # type: ignore[attr-defined]
     src = dev.empty((read_bytes // 4,), name="stream_src")
     out = dev.zeros((sms * 8,), name="stream_out")
-    result = {"read_only": read_bytes / _graph_seconds(dev, read_only[sms * 8, 256](out.mut(), src, read_bytes // 16), 10)}
+    result = {
+        "read_only": read_bytes / _graph_seconds(dev, read_only[sms * 8, 256](out.mut(), src, read_bytes // 16), 10)
+    }
     src.free()
     a, b = dev.empty((copy_bytes // 4,), name="copy_a"), dev.empty((copy_bytes // 4,), name="copy_b")
     result["memcpy"] = 2 * copy_bytes / _graph_seconds(dev, memcpy(b.mut(), a), 10)
@@ -109,11 +110,7 @@ def run(dev: Device, quick: bool) -> dict[str, Any]:
         cfg = Config(d=d, n_layers=n_layers)
         model = LayerStack(dev, cfg)
         stream = dev.stream()
-
-        def eager() -> None:
-            for op in model.ops(FAST):  # built inside the clock
-                stream.run(op)
-
+        eager = functools.partial(_eager, model, stream)
         fast, equal = record(model, FAST), record(model, EQUAL)
         sides: dict[str, Side] = {
             "sg_eager": (eager, stream.sync, max(2, tokens // 8)),
@@ -150,6 +147,11 @@ def run(dev: Device, quick: bool) -> dict[str, Any]:
     return result
 
 
+def _eager(model: LayerStack, stream: Stream) -> None:
+    for op in model.ops(FAST):  # built inside the clock
+        stream.run(op)
+
+
 def _torch(model: LayerStack, tokens: int, compile: bool) -> dict[str, Side]:
     try:
         import torch
@@ -174,7 +176,10 @@ def _torch(model: LayerStack, tokens: int, compile: bool) -> dict[str, Side]:
     with torch.cuda.graph(g):
         forward()
     sync = torch.cuda.synchronize
-    sides: dict[str, Side] = {"torch_eager": (forward, sync, max(2, tokens // 8)), "torch_graph": (g.replay, sync, tokens)}
+    sides: dict[str, Side] = {
+        "torch_eager": (forward, sync, max(2, tokens // 8)),
+        "torch_graph": (g.replay, sync, tokens),
+    }
     if compile:
 
         def pure(h: Any) -> Any:
@@ -199,28 +204,35 @@ def num(value: float | None, spec: str) -> str:
 
 
 def format_rows(m: dict[str, Any]) -> list[str]:
+    heads = ["sg eager", "sg graph", "graph/eager", "torch eager", "torch graph", "sg/torch graph", "torch compile"]
+    heads += ["sg/compile", "sg 4k graph", "4k/torch graph", "GB/s", "of read-only"]
+    widths = [10, 10, 11, 11, 11, 14, 13, 10, 11, 14, 6, 12]
     lines = [
         "## 2. the seed's model: tokens per second (best of 5 interleaved round medians; spread in bench.json)",
-        f"kernels per layer: sg graph {FORMS[FAST][0]} ({FAST}: RMSNorm fused into the first matvec, residual add into the second), "
-        f"sg 4k graph {FORMS[EQUAL][0]} (as PyTorch: rms_norm, mv, mv, add_), PyTorch 4; sg eager runs the {FAST} form, ops built inside the clock",
-        f"{'d':>5} {'layers':>6} {'sg eager':>10} {'sg graph':>10} {'graph/eager':>11} {'torch eager':>11} {'torch graph':>11} "
-        f"{'sg/torch graph':>14} {'torch compile':>13} {'sg/compile':>10} {'sg 4k graph':>11} {'4k/torch graph':>14} {'GB/s':>6} {'of read-only':>12}",
+        f"kernels per layer: sg graph {FORMS[FAST][0]} ({FAST}: RMSNorm fused into the first matvec, residual add "
+        f"into the second), sg 4k graph {FORMS[EQUAL][0]} (as PyTorch: rms_norm, mv, mv, add_), PyTorch 4; "
+        f"sg eager runs the {FAST} form, ops built inside the clock",
+        f"{'d':>5} {'layers':>6} " + " ".join(f"{h:>{w}}" for h, w in zip(heads, widths, strict=True)),
     ]
     for row in m["rows"]:
-        tg, tc = row.get("torch_graph_tok_s"), row.get("torch_compile_tok_s")
+        sg, tg, tc = row["sg_graph_tok_s"], row.get("torch_graph_tok_s"), row.get("torch_compile_tok_s")
         eq = row.get("sg_graph_equal_tok_s")
+        cells = [
+            f"{row['sg_eager_tok_s']:.0f}", f"{sg:.0f}", f"{row['graph_over_eager']:.2f}",
+            num(row.get("torch_eager_tok_s"), ".0f"), num(tg, ".0f"), ratio(sg, tg).strip(), num(tc, ".0f"),
+            ratio(sg, tc).strip(), num(eq, ".0f"), ratio(eq, tg).strip(), f"{row['graph_bandwidth'] / 1e9:.0f}",
+            num(row.get("fraction_of_read_only"), ".1%"),
+        ]  # fmt: skip
         lines.append(
-            f"{row['d']:>5} {row['n_layers']:>6} {row['sg_eager_tok_s']:>10.0f} {row['sg_graph_tok_s']:>10.0f} {row['graph_over_eager']:>11.2f} "
-            f"{num(row.get('torch_eager_tok_s'), '.0f'):>11} {num(tg, '.0f'):>11} {ratio(row['sg_graph_tok_s'], tg):>14} "
-            f"{num(tc, '.0f'):>13} {ratio(row['sg_graph_tok_s'], tc):>10} {num(eq, '.0f'):>11} {ratio(eq, tg):>14} "
-            f"{row['graph_bandwidth'] / 1e9:>6.0f} {num(row.get('fraction_of_read_only'), '.1%'):>12}"
+            f"{row['d']:>5} {row['n_layers']:>6} " + " ".join(f"{c:>{w}}" for c, w in zip(cells, widths, strict=True))
         )
     if "bandwidths" in m:
-        bw = m["bandwidths"]
+        bw, nbytes = m["bandwidths"], m["ceiling_bytes"]
         lines.append(
-            f"ceiling: a read-only streaming kernel over {m['ceiling_bytes'] / 1e6:.0f} MB (the 22-layer weights): {bw['read_only'] / 1e9:.0f} GB/s "
-            f"= {bw['read_only'] / m['ceiling_bytes']:.0f} tokens/s at d={m['d']} x 22; device-to-device copy (read + write): "
-            f"memcpy {bw['memcpy'] / 1e9:.0f} GB/s, copy kernel {bw['copy_kernel'] / 1e9:.0f} GB/s"
+            f"ceiling: a read-only streaming kernel over {nbytes / 1e6:.0f} MB (the 22-layer weights): "
+            f"{bw['read_only'] / 1e9:.0f} GB/s = {bw['read_only'] / nbytes:.0f} tokens/s at d={m['d']} x 22; "
+            f"device-to-device copy (read + write): memcpy {bw['memcpy'] / 1e9:.0f} GB/s, "
+            f"copy kernel {bw['copy_kernel'] / 1e9:.0f} GB/s"
         )
     return lines
 
@@ -231,14 +243,16 @@ def plot(m: dict[str, Any], out_dir: Any, plt: Any) -> None:
     rows = [row for row in m["rows"] if row["n_layers"] == max(LAYERS)]
     if not rows:
         return
-    sides = [("sg_graph_tok_s", f"scopegraph graph ({FAST}, {FORMS[FAST][0]}k/layer, PDL)"),
-             ("sg_graph_equal_tok_s", f"scopegraph graph ({FORMS[EQUAL][0]}k/layer, PDL)"),
-             ("sg_eager_tok_s", "scopegraph eager"),
-             ("torch_compile_tok_s", 'torch.compile("reduce-overhead")'),
-             ("torch_graph_tok_s", "PyTorch CUDA graph (4k/layer)"),
-             ("torch_eager_tok_s", "PyTorch eager")]
+    sides = [
+        ("sg_graph_tok_s", f"scopegraph graph ({FAST}, {FORMS[FAST][0]}k/layer, PDL)"),
+        ("sg_graph_equal_tok_s", f"scopegraph graph ({FORMS[EQUAL][0]}k/layer, PDL)"),
+        ("sg_eager_tok_s", "scopegraph eager"),
+        ("torch_compile_tok_s", 'torch.compile("reduce-overhead")'),
+        ("torch_graph_tok_s", "PyTorch CUDA graph (4k/layer)"),
+        ("torch_eager_tok_s", "PyTorch eager"),
+    ]
     fig, axes = plt.subplots(1, len(rows), figsize=(5.5 * len(rows), 4), squeeze=False)
-    for ax, row in zip(axes[0], rows):
+    for ax, row in zip(axes[0], rows, strict=True):
         shown = [(label, row[key]) for key, label in sides if key in row]
         ax.barh([label for label, _ in shown][::-1], [v for _, v in shown][::-1], color="tab:blue")
         if "read_only_tok_s" in row and row["d"] == m["d"]:

@@ -21,7 +21,7 @@ from ... import Device, memcpy
 from ..seed_model import FORMS, Config, LayerStack
 from ._chain import Chain
 from ._model import record
-from ._timing import Side, interleaved
+from ._timing import interleaved
 
 
 def run(dev: Device, quick: bool) -> dict[str, Any]:
@@ -60,7 +60,9 @@ def run(dev: Device, quick: bool) -> dict[str, Any]:
                 g.sync()
                 results[pdl] = model.hidden.numpy()
             tokens = 64 if dev.is_cuda and not quick else 2
-            timed = interleaved({f"pdl_{p}": (g.launch, g.sync, tokens) for p, g in graphs.items()}, rounds=rounds, inner=inner)
+            timed = interleaved(
+                {f"pdl_{p}": (g.launch, g.sync, tokens) for p, g in graphs.items()}, rounds=rounds, inner=inner
+            )
             row = {"d": d, "n_layers": n_layers, "form": form, "kernels_per_layer": FORMS[form][0]}
             row |= _row(timed, cfg.weight_bytes, bool(np.array_equal(results[True], results[False])))
             row["programmatic_edges"] = len(graphs[True].programmatic_edges)
@@ -77,25 +79,35 @@ def run(dev: Device, quick: bool) -> dict[str, Any]:
 def _row(timed: dict[str, dict[str, float]], nbytes: int, identical: bool) -> dict[str, Any]:
     on, off = timed["pdl_True"], timed["pdl_False"]
     return {
-        "on_s": on["wall"], "off_s": off["wall"], "speedup": off["wall"] / on["wall"],
-        "on_bandwidth": nbytes / on["wall"], "off_bandwidth": nbytes / off["wall"],
-        "identical": identical, "timing": timed,
+        "on_s": on["wall"],
+        "off_s": off["wall"],
+        "speedup": off["wall"] / on["wall"],
+        "on_bandwidth": nbytes / on["wall"],
+        "off_bandwidth": nbytes / off["wall"],
+        "identical": identical,
+        "timing": timed,
     }
 
 
 def format_rows(r: dict[str, Any]) -> list[str]:
+    heads = [("edges", 6), ("prog.", 6), ("PDL off us", 11), ("PDL on us", 10), ("on/off", 7)]
+    heads += [("GB/s off", 9), ("GB/s on", 8), ("identical", 9)]
+
+    def line(name: str, row: dict[str, Any], edges: int) -> str:
+        cells = [f"{edges}", f"{row['programmatic_edges']}", f"{row['off_s'] * 1e6:.1f}", f"{row['on_s'] * 1e6:.1f}"]
+        cells += [f"{row['speedup']:.2f}", f"{row['off_bandwidth'] / 1e9:.0f}", f"{row['on_bandwidth'] / 1e9:.0f}"]
+        cells.append("yes" if row["identical"] else "NO")
+        return f"{name:<44} " + " ".join(f"{c:>{w}}" for c, (_, w) in zip(cells, heads, strict=True))
+
     c = r["chain"]
     lines = [
-        "## 2b. programmatic dependent launch: the same graph recorded with pdl=True and pdl=False (best of 5 interleaved round medians)",
-        f"{'graph':<34} {'edges':>6} {'prog.':>6} {'PDL off us':>11} {'PDL on us':>10} {'on/off':>7} {'GB/s off':>9} {'GB/s on':>8} {'identical':>9}",
-        f"{'chain %d x %g MiB' % (c['kernels'], c['bytes_per_kernel'] / 2**20):<34} {c['kernels'] - 1:>6} {c['programmatic_edges']:>6} "
-        f"{c['off_s'] * 1e6:>11.1f} {c['on_s'] * 1e6:>10.1f} {c['speedup']:>7.2f} {c['off_bandwidth'] / 1e9:>9.0f} {c['on_bandwidth'] / 1e9:>8.0f} "
-        f"{'yes' if c['identical'] else 'NO':>9}",
+        "## 2b. programmatic dependent launch: the same graph recorded with pdl=True and pdl=False "
+        "(best of 5 interleaved round medians)",
+        f"{'graph':<44} " + " ".join(f"{h:>{w}}" for h, w in heads),
+        line(f"chain {c['kernels']} x {c['bytes_per_kernel'] / 2**20:g} MiB", c, c["kernels"] - 1),
     ]
     for row in r["model"]:
-        name = f"model d={row['d']} x {row['n_layers']}, {row['form']} ({row['kernels_per_layer']}k/layer)"
-        lines.append(
-            f"{name:<34} {row['edges']:>6} {row['programmatic_edges']:>6} {row['off_s'] * 1e6:>11.1f} {row['on_s'] * 1e6:>10.1f} "
-            f"{row['speedup']:>7.2f} {row['off_bandwidth'] / 1e9:>9.0f} {row['on_bandwidth'] / 1e9:>8.0f} {'yes' if row['identical'] else 'NO':>9}"
-        )
+        k, other = FORMS[row["form"]]
+        per_layer = f"{k} kernels" + (f" + {other} memcpy" if other else "")
+        lines.append(line(f"model d={row['d']} x {row['n_layers']}, {row['form']}: {per_layer}", row, row["edges"]))
     return lines

@@ -12,7 +12,9 @@ if TYPE_CHECKING:
     from ... import Device
 
 
-def time_calls(fn: Callable[[], object], sync: Callable[[], object], calls: int, rounds: int = 5, warmup: int = 2) -> dict[str, float]:
+def time_calls(
+    fn: Callable[[], object], sync: Callable[[], object], calls: int, rounds: int = 5, warmup: int = 2
+) -> dict[str, float]:
     """Median seconds per call over ``rounds`` rounds of ``calls`` back-to-back calls.
 
     ``wall`` includes waiting for the device at the end of each round (the throughput a loop of
@@ -37,7 +39,9 @@ def time_calls(fn: Callable[[], object], sync: Callable[[], object], calls: int,
 Side = tuple[Callable[[], object], Callable[[], object], int]  # (call, sync, calls per timing)
 
 
-def interleaved(sides: dict[str, Side], rounds: int = 5, inner: int = 3, warmup: int = 2) -> dict[str, dict[str, float]]:
+def interleaved(
+    sides: dict[str, Side], rounds: int = 5, inner: int = 3, warmup: int = 2
+) -> dict[str, dict[str, float]]:
     """Every side timed the same way: ``rounds`` rounds, each side in turn within a round (so drift
     and clocks affect all alike), each round's figure the median of ``inner`` timings of
     ``calls`` back-to-back calls. Per side: ``wall`` = the best (minimum) of the round medians,
@@ -59,7 +63,12 @@ def interleaved(sides: dict[str, Side], rounds: int = 5, inner: int = 3, warmup:
         w = walls[name]
         best = min(range(len(w)), key=w.__getitem__)
         med = statistics.median(w)
-        out[name] = {"wall": w[best], "median": med, "spread": (max(w) - min(w)) / med if med else 0.0, "submit": submits[name][best]}
+        out[name] = {
+            "wall": w[best],
+            "median": med,
+            "spread": (max(w) - min(w)) / med if med else 0.0,
+            "submit": submits[name][best],
+        }
     return out
 
 

@@ -1,0 +1,291 @@
+"""How the processes of a multi-process program find each other (DESIGN.md section 10).
+
+A bootstrap knows this process's ``rank`` and the ``world_size`` and exchanges small byte strings
+between all ranks (``allgather``). Collectives use it for NCCL's unique id, for the check that
+every rank recorded the same collectives, and, on the host backend, to move the data itself.
+
+Three kinds, chosen by :func:`from_env` (``SCOPEGRAPH_BOOTSTRAP=torch|mpi|socket`` forces one):
+
+- ``torch``: ``torch.distributed`` (a gloo process group, initialised from torchrun's environment
+  unless the program initialised one itself); the default under ``torchrun``.
+- ``mpi``: ``mpi4py``'s ``COMM_WORLD``; the default under ``mpirun`` when mpi4py is installed.
+- ``socket``: scopegraph's own, over TCP: rank 0 listens on ``MASTER_ADDR:MASTER_PORT``
+  (``SCOPEGRAPH_BOOTSTRAP_PORT`` overrides the port), the other ranks connect; an allgather sends
+  every rank's bytes to rank 0, which sends the whole list back. Needs no extra package, so CI runs
+  multi-process programs on machines without GPUs or PyTorch. ``RANK`` and ``WORLD_SIZE`` come from
+  the environment, as torchrun sets them.
+
+Every exchange has a timeout (``SCOPEGRAPH_DIST_TIMEOUT`` seconds, default 120): a rank that never
+arrives (it crashed, or it is running a different program) is an error, not a hang.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import socket
+import struct
+import time
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from ._errors import ScopeGraphError, diagnostic
+
+
+class DistributedError(ScopeGraphError):
+    """Processes of a multi-process program disagree, time out, or cannot find each other."""
+
+
+class Bootstrap(Protocol):
+    """Rank, world size, and an exchange of bytes between all ranks."""
+
+    rank: int
+    world_size: int
+    kind: str
+
+    def allgather(self, data: bytes) -> list[bytes]: ...
+
+    def close(self) -> None: ...
+
+
+def default_timeout() -> float:
+    text = os.environ.get("SCOPEGRAPH_DIST_TIMEOUT", "")
+    try:
+        return float(text) if text else 120.0
+    except ValueError:
+        return 120.0
+
+
+class SingleBootstrap:
+    """One process alone (world size 1): every exchange returns its own bytes."""
+
+    kind = "single"
+
+    def __init__(self) -> None:
+        self.rank = 0
+        self.world_size = 1
+
+    def allgather(self, data: bytes) -> list[bytes]:
+        return [bytes(data)]
+
+    def close(self) -> None:
+        pass
+
+
+_LENGTH = struct.Struct("!Q")
+
+
+def _send(sock: socket.socket, data: bytes) -> None:
+    sock.sendall(_LENGTH.pack(len(data)) + data)
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    chunks = []
+    while n:
+        chunk = sock.recv(min(n, 1 << 20))
+        if not chunk:
+            raise ConnectionError("the peer closed the connection")
+        chunks.append(chunk)
+        n -= len(chunk)
+    return b"".join(chunks)
+
+
+def _recv(sock: socket.socket) -> bytes:
+    (n,) = _LENGTH.unpack(_recv_exact(sock, _LENGTH.size))
+    return _recv_exact(sock, n)
+
+
+class SocketBootstrap:
+    """A star over TCP: rank 0 holds one connection to every other rank."""
+
+    kind = "socket"
+
+    def __init__(self, rank: int, world_size: int, addr: str, port: int, timeout: float | None = None) -> None:
+        if not 0 <= rank < world_size:
+            raise DistributedError(f"rank {rank} is outside a world of {world_size}\nhelp: set RANK to 0..WORLD_SIZE-1")
+        self.rank = rank
+        self.world_size = world_size
+        self.timeout = default_timeout() if timeout is None else timeout
+        self.where = f"{addr}:{port}"
+        self._peers: list[socket.socket] = []  # rank 0: the connection to rank r at index r - 1
+        self._root: socket.socket | None = None
+        self._listener: socket.socket | None = None
+        deadline = time.monotonic() + self.timeout
+        if world_size == 1:
+            return
+        if rank == 0:
+            listener = socket.create_server((addr, port), reuse_port=False)
+            listener.settimeout(self.timeout)
+            self._listener = listener
+            peers: dict[int, socket.socket] = {}
+            while len(peers) < world_size - 1:
+                try:
+                    conn, _ = listener.accept()
+                except TimeoutError:
+                    raise self._timeout(f"waiting for {world_size - 1 - len(peers)} rank(s) to connect") from None
+                conn.settimeout(self.timeout)
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                (peer,) = struct.unpack("!I", _recv_exact(conn, 4))
+                peers[peer] = conn
+            self._peers = [peers[r] for r in range(1, world_size)]
+        else:
+            while True:
+                try:
+                    conn = socket.create_connection((addr, port), timeout=self.timeout)
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise self._timeout("connecting to rank 0") from None
+                    time.sleep(0.05)
+            conn.settimeout(self.timeout)
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn.sendall(struct.pack("!I", rank))
+            self._root = conn
+
+    def _timeout(self, what: str) -> DistributedError:
+        return DistributedError(
+            diagnostic(
+                f"rank {self.rank} of {self.world_size} timed out after {self.timeout:.0f} s {what} ({self.where})",
+                ["another rank crashed, was never started, or runs a different program (different collectives)"],
+                help="start every rank with the same RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT (torchrun does), "
+                "and make every rank record the same collectives; SCOPEGRAPH_DIST_TIMEOUT sets the timeout",
+            )
+        )
+
+    def allgather(self, data: bytes) -> list[bytes]:
+        if self.world_size == 1:
+            return [bytes(data)]
+        try:
+            if self.rank == 0:
+                gathered = [bytes(data)] + [_recv(p) for p in self._peers]
+                packed = b"".join(_LENGTH.pack(len(g)) + g for g in gathered)
+                for p in self._peers:
+                    _send(p, packed)
+                return gathered
+            assert self._root is not None
+            _send(self._root, data)
+            packed = _recv(self._root)
+        except TimeoutError:
+            raise self._timeout("in an exchange between ranks") from None
+        except (ConnectionError, OSError) as exc:
+            raise DistributedError(
+                diagnostic(
+                    f"rank {self.rank} lost its connection to the other ranks: {exc}",
+                    ["another rank ended (an error, or a different program) while this one waited"],
+                    help="look at the other ranks' output for the first error",
+                )
+            ) from exc
+        out, at = [], 0
+        for _ in range(self.world_size):
+            (n,) = _LENGTH.unpack_from(packed, at)
+            at += _LENGTH.size
+            out.append(packed[at : at + n])
+            at += n
+        return out
+
+    def close(self) -> None:
+        for s in [*self._peers, self._root, self._listener]:
+            if s is not None:
+                try:
+                    s.close()
+                except OSError:  # noqa: S110
+                    pass
+        self._peers = []
+        self._root = self._listener = None
+
+
+class TorchBootstrap:
+    """``torch.distributed``: a gloo group made from the environment (torchrun's) if none exists."""
+
+    kind = "torch"
+
+    def __init__(self, timeout: float | None = None) -> None:
+        import datetime
+
+        import torch.distributed as dist
+
+        self._dist = dist
+        if not dist.is_initialized():
+            seconds = default_timeout() if timeout is None else timeout
+            dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=seconds))
+        self.rank = int(dist.get_rank())
+        self.world_size = int(dist.get_world_size())
+
+    def allgather(self, data: bytes) -> list[bytes]:
+        out: list[Any] = [None] * self.world_size
+        try:
+            self._dist.all_gather_object(out, bytes(data))
+        except RuntimeError as exc:
+            raise DistributedError(
+                diagnostic(
+                    f"rank {self.rank}: an exchange through torch.distributed failed: {str(exc).splitlines()[0]}",
+                    ["another rank crashed, timed out, or runs a different program (different collectives)"],
+                    help="look at the other ranks' output for the first error",
+                )
+            ) from exc
+        return [bytes(x) for x in out]
+
+    def close(self) -> None:
+        pass
+
+
+class MpiBootstrap:
+    """mpi4py's ``COMM_WORLD``."""
+
+    kind = "mpi"
+
+    def __init__(self) -> None:
+        mpi: Any = importlib.import_module("mpi4py.MPI")  # optional, and untyped
+        self._comm = mpi.COMM_WORLD
+        self.rank = int(self._comm.Get_rank())
+        self.world_size = int(self._comm.Get_size())
+
+    def allgather(self, data: bytes) -> list[bytes]:
+        return [bytes(x) for x in self._comm.allgather(bytes(data))]
+
+    def close(self) -> None:
+        pass
+
+
+KINDS: Sequence[str] = ("torch", "mpi", "socket", "single")
+
+
+def from_env(kind: str | None = None, timeout: float | None = None) -> Bootstrap:
+    """The bootstrap for this process (see the module docstring)."""
+    env = os.environ
+    kind = kind or env.get("SCOPEGRAPH_BOOTSTRAP") or None
+    if kind is None:
+        if "TORCHELASTIC_RUN_ID" in env or "TORCHELASTIC_USE_AGENT_STORE" in env:
+            kind = "torch"
+        elif any(k in env for k in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK")):
+            kind = "mpi"
+        elif "WORLD_SIZE" in env:
+            kind = "socket"
+        else:
+            kind = "single"
+    if kind not in KINDS:
+        raise DistributedError(f"SCOPEGRAPH_BOOTSTRAP={kind!r} is not a bootstrap\nhelp: use one of {', '.join(KINDS)}")
+    if kind == "single":
+        return SingleBootstrap()
+    if kind == "torch":
+        try:
+            return TorchBootstrap(timeout)
+        except ImportError as exc:
+            raise DistributedError("the torch bootstrap needs PyTorch\nhelp: install torch, or use SCOPEGRAPH_BOOTSTRAP=socket") from exc
+    if kind == "mpi":
+        try:
+            return MpiBootstrap()
+        except ImportError as exc:
+            raise DistributedError("the mpi bootstrap needs mpi4py\nhelp: install mpi4py, or use SCOPEGRAPH_BOOTSTRAP=socket") from exc
+    try:
+        rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
+        addr = env.get("MASTER_ADDR", "127.0.0.1")
+        port = int(env.get("SCOPEGRAPH_BOOTSTRAP_PORT") or env["MASTER_PORT"])
+    except (KeyError, ValueError) as exc:
+        raise DistributedError(
+            diagnostic(
+                f"the socket bootstrap needs RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT in the environment ({exc})",
+                help="launch with torchrun, or set them for each process",
+            )
+        ) from None
+    return SocketBootstrap(rank, world, addr, port, timeout)

@@ -1,0 +1,641 @@
+"""Foreign work inside a graph: captured regions (DESIGN.md section 9).
+
+    a_t, b_t, c_t = (torch.from_dlpack(t) for t in (a, b, c))      # foreign views, made before the scope
+    with CudaGraph.scope(stream) as s:
+        s.record(library.add_scalar_op(a.mut(), 1.0))
+        with s.capture(reads=[a, b], writes=[c.mut()], via="torch", name="matmul",
+                       host=lambda c, a, b: np.matmul(a, b, out=c)) as region:
+            if region.capturing:                                   # False on the host backend
+                torch.matmul(a_t, b_t, out=c_t)                    # runs on region.torch_stream
+        s.record(library.axpy_op(y.mut(), c, 2.0))
+
+The region declares what the foreign work reads (``reads=[t, ...]``) and writes (``writes=[t.mut(),
+...]``). Those borrows are checked when ``s.capture(...)`` is called, like any op's (a write that
+overlaps another declared tensor, or a write to a frozen tensor, is a BorrowError at that line), and
+the whole region becomes ONE node of the scope's DAG, ordered by those borrows: after the ops that
+write what it reads, before the ops that read or overwrite what it writes. Declaring less than the
+work touches is the user's promise broken; scopegraph cannot see inside another library's kernels.
+
+How the work is captured (``via=``):
+
+- ``"cuda"`` (default): through cuda.core's graph builder on a capture stream of scopegraph's own
+  (``stream.create_graph_builder().begin_building(mode)``). Launch the work on ``region.stream`` (a
+  cuda.core Stream; ``region.handle`` is its ``cudaStream_t`` as an int, e.g. for
+  ``cupy.cuda.ExternalStream(region.handle)``). The builder's ``graph_definition`` is embedded as a
+  child-graph node (``GraphDefinition.embed``) when the scope builds its graph.
+- ``"torch"``: through ``torch.cuda.graph(g, stream=..., capture_error_mode=mode)`` with
+  ``g = torch.cuda.CUDAGraph(keep_graph=True)``; ``region.torch_stream`` is the capture stream (made
+  current inside the region). PyTorch's private memory pool for the capture stays with ``g``, and
+  ``g.raw_cuda_graph()`` becomes the child graph. cuBLAS is warmed up on the capture stream once
+  (its handle and workspace are made before the first capture, not during it).
+
+What the region keeps alive as long as the scopegraph graph lives: the captured definition, the
+torch ``CUDAGraph`` (its memory pool holds the work's temporaries), and whatever is passed as
+``keep=[...]`` or to ``region.hold(obj)`` (a library's module or kernel object the captured nodes
+point at). The graph holds its nodes' ops, the op holds these.
+
+Refusals, each a :class:`CaptureError` (a ScopeGraphError) raised from the ``with`` block, with the
+capture ended, so the scope's stream and the capture stream stay usable:
+
+- an allocation during capture: CuPy's allocator is swapped for one that refuses while a region
+  captures; PyTorch memory still allocated when the capture ends (a new tensor made inside the
+  region: write into a declared tensor with ``out=`` instead); allocation nodes in a captured graph;
+  a raw ``cudaMalloc`` or synchronising call (refused by the driver in the default
+  ``mode="thread_local"``, which invalidates the capture);
+- a capture that fails: anything the foreign library raises inside the region, and a capture the
+  driver invalidated;
+- work left on another stream: a stream that joined the capture (waited on the capture stream) and
+  was not joined back (the capture stream must wait on it before the region ends).
+
+On the host backend nothing is captured: ``region.capturing`` is False, the block should skip its
+GPU work, and the node runs ``host`` instead, called with numpy views of the declared tensors, the
+writes first (writable), then the reads (read-only): ``host(*writes, *reads)``. A region without
+``host`` is refused on the host backend (NoHostReferenceError).
+
+Collectives (``scopegraph._collectives``) are captured nodes too: their NCCL calls are captured
+into a child graph when the scope builds its graph.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from . import _scope
+from ._borrow import Borrow
+from ._errors import NoHostReferenceError, NotAGraphNodeError, ScopeGraphError, ScopeStateError, SignatureError, diagnostic
+from ._ops import GraphNode, borrowed_tensor
+from ._scope import RecordedNode, Scope, _State
+from ._tensor import Mut, Tensor
+
+if TYPE_CHECKING:
+    from cuda.core.graph import GraphDefinition
+
+    from ._stream import Stream
+
+NDArray = np.ndarray[Any, np.dtype[Any]]
+# Binds a tensor to the host backend's numpy view of it (writable or not): passed in by the host
+# backend, so this module does not import it.
+ArrayOf = Callable[[Tensor, bool], NDArray]
+
+VIAS = ("cuda", "torch")
+MODES = ("thread_local", "global", "relaxed")
+
+
+class CaptureError(ScopeGraphError):
+    """A captured region failed: its work allocated memory, the capture failed or was invalidated,
+    or work was left on a stream that was not joined back to the capture stream."""
+
+
+class Captured(GraphNode):
+    """Foreign GPU work as one child-graph node: declared reads and writes, the captured graph
+    (``definition``, set when the region's capture ends), what must stay alive with it (``kept``),
+    and the host backend's stand-in (``host``). Not runnable eagerly: it runs inside a graph."""
+
+    __slots__ = ("label_name", "host", "where", "definition", "kept", "writes", "reads", "nodes_captured")
+
+    def __init__(
+        self,
+        name: str,
+        writes: Sequence[Mut[Tensor]],
+        reads: Sequence[Tensor],
+        host: Callable[..., object] | None,
+        where: str,
+    ) -> None:
+        self.label_name = name
+        self.where = where
+        what = f"capture `{name}`"
+        given: tuple[object, object] = (writes, reads)
+        if any(isinstance(g, (Mut, Tensor)) for g in given):
+            raise SignatureError(
+                f"{what}: reads= and writes= take lists of tensors\nhelp: e.g. reads=[a, b], writes=[c.mut()]"
+            )
+        self.writes = [borrowed_tensor(w, True, what, f"writes[{i}]") for i, w in enumerate(writes)]
+        self.reads = [borrowed_tensor(r, False, what, f"reads[{i}]") for i, r in enumerate(reads)]
+        if not self.writes:
+            raise SignatureError(
+                diagnostic(
+                    f"{what} declares no writes",
+                    ["foreign work that writes nothing scopegraph knows has no effect the graph can order"],
+                    help="declare what the work writes: writes=[t.mut(), ...]",
+                )
+            )
+        if host is not None and not callable(host):
+            raise SignatureError(f"{what}: host= must be a callable, not {type(host).__name__}\nhelp: pass a function")
+        self.host = host
+        self.definition: GraphDefinition | None = None
+        self.kept: list[object] = []
+        self.nodes_captured = 0
+        self._claim(
+            [Borrow(t, True, f"writes[{i}]") for i, t in enumerate(self.writes)]
+            + [Borrow(t, False, f"reads[{i}]") for i, t in enumerate(self.reads)]
+        )
+
+    @property
+    def name(self) -> str:
+        return f"capture:{self.label_name}"
+
+    def execute(self, stream: Stream) -> None:
+        raise NotAGraphNodeError(
+            diagnostic(
+                f"cannot run `{self.name}` eagerly: a captured region runs only inside a graph",
+                [f"it was captured at {self.where}"],
+                help="launch the graph that holds it (graph.launch()), or run the foreign work directly",
+            )
+        )
+
+    def check_host(self) -> None:
+        """The host backend needs ``host`` (called before the op is recorded there)."""
+        if self.host is None:
+            raise NoHostReferenceError(
+                diagnostic(
+                    f"captured region `{self.label_name}` has no host callable, so the host backend cannot run it",
+                    [f"opened at {self.where}"],
+                    help="pass host=fn to s.capture(...): fn(*writes, *reads) gets numpy views of the declared tensors",
+                )
+            )
+
+    def host_thunk(self, array_of: ArrayOf) -> Callable[[], None]:
+        """What the host backend runs for this node: ``host(*writes, *reads)`` on numpy views."""
+        fn = self.host
+        assert fn is not None  # checked when recorded
+        views = [array_of(t, True) for t in self.writes] + [array_of(t, False) for t in self.reads]
+
+        def run() -> None:
+            fn(*views)
+
+        return run
+
+    def child(self, backend: Any) -> GraphDefinition:
+        """The graph the CUDA backend embeds as this node (a collective captures it here)."""
+        assert self.definition is not None, "a captured region sets its definition when its capture ends"
+        return self.definition
+
+    def run_cuda(self, backend: Any, native_stream: object) -> None:
+        """Eager execution on the CUDA backend (collectives only; a region is refused before)."""
+        raise AssertionError(f"`{self.name}` cannot run eagerly")
+
+    def label(self) -> str:
+        args = ", ".join(("mut " if b.mutable else "") + b.tensor.name for b in self.borrows)
+        size = f" [{self.nodes_captured} nodes]" if self.nodes_captured else ""
+        return f"{self.name}({args}){size}"
+
+
+# -- capture streams ------------------------------------------------------------------------
+
+# One capture stream per backend and thread (a capture is per thread): made on first use, dropped
+# after a failed capture (a fresh one is made next time).
+_local = threading.local()
+
+
+def capture_stream(backend: Any) -> Any:
+    """A cuda.core stream of ``backend``'s device, private to scopegraph and to this thread."""
+    streams: dict[int, Any] | None = getattr(_local, "streams", None)
+    if streams is None:
+        streams = _local.streams = {}
+    found = streams.get(id(backend))
+    if found is None:
+        found = streams[id(backend)] = backend.create_stream()
+    return found
+
+
+def _drop_capture_stream(backend: Any) -> None:
+    streams: dict[int, Any] | None = getattr(_local, "streams", None)
+    if streams is not None:
+        streams.pop(id(backend), None)
+
+
+def is_capturing(native_stream: Any) -> bool:
+    """Whether a cuda.core stream is capturing (cuda.bindings: cuda.core has no query for it)."""
+    from cuda.bindings import driver
+
+    err, status = driver.cuStreamIsCapturing(driver.CUstream(int(native_stream.handle)))
+    return bool(err == driver.CUresult.CUDA_SUCCESS and status != driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE)
+
+
+def node_types(graph_handle: Any) -> list[str]:
+    """The driver's node types of a CUgraph, child graphs looked into (cuda.bindings: cuda.core
+    cannot wrap a graph it did not make, such as PyTorch's)."""
+    from cuda.bindings import driver
+
+    found: list[str] = []
+    todo = [graph_handle]
+    while todo:
+        graph = todo.pop()
+        err, _, count = driver.cuGraphGetNodes(graph, 0)
+        if err != driver.CUresult.CUDA_SUCCESS or not count:
+            continue
+        err, nodes, count = driver.cuGraphGetNodes(graph, count)
+        if err != driver.CUresult.CUDA_SUCCESS:
+            continue
+        for node in nodes[:count]:
+            err, kind = driver.cuGraphNodeGetType(node)
+            if err != driver.CUresult.CUDA_SUCCESS:
+                continue
+            found.append(kind.name)
+            if kind == driver.CUgraphNodeType.CU_GRAPH_NODE_TYPE_GRAPH:
+                err, child = driver.cuGraphChildGraphNodeGetGraph(node)
+                if err == driver.CUresult.CUDA_SUCCESS:
+                    todo.append(child)
+    return found
+
+
+def check_no_allocation_nodes(what: str, where: str, graph_handle: Any) -> int:
+    """Refuse a captured graph with memory allocation or free nodes; the number of nodes otherwise."""
+    kinds = node_types(graph_handle)
+    allocs = [k for k in kinds if k.endswith(("MEM_ALLOC", "MEM_FREE"))]
+    if allocs:
+        raise CaptureError(
+            diagnostic(
+                f"{what} allocated memory during capture ({len(allocs)} allocation or free node(s))",
+                [f"opened at {where}", "memory allocated inside a graph would not be the memory scopegraph tracks"],
+                help="allocate before the scope and let the work write into declared tensors (e.g. out=)",
+            )
+        )
+    return len(kinds)
+
+
+# -- the two ways of capturing ----------------------------------------------------------------
+
+
+def _cause(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"
+
+
+def _explain(exc: BaseException) -> list[str]:
+    """Notes saying what a driver's refusal during capture usually means."""
+    text = str(exc)
+    notes = []
+    if "UNJOINED" in text.upper() or "unjoined" in text:
+        notes.append("work was left on another stream: a stream joined the capture and was not joined back")
+    if "CAPTURE_UNSUPPORTED" in text.upper() or "not permitted when stream is capturing" in text:
+        notes.append("an allocation or a synchronising call (cudaMalloc, a copy to the host, .item(), sync) was made during capture")
+    if "INVALIDATED" in text.upper() or "invalidated" in text:
+        notes.append("the driver invalidated the capture: an earlier call inside the region was not capturable")
+    return notes
+
+
+class _CoreCapture:
+    """Capture through cuda.core's graph builder on a scopegraph capture stream."""
+
+    def __init__(self, backend: Any, mode: str) -> None:
+        self.backend = backend
+        self.mode = mode
+        self.stream = capture_stream(backend)
+        self.builder: Any = None
+
+    def begin(self) -> None:
+        self.builder = self.stream.create_graph_builder()
+        self.builder.begin_building(self.mode)
+
+    def end(self, what: str, where: str) -> tuple[GraphDefinition, list[object]]:
+        builder = self.builder
+        self.builder = None
+        try:
+            builder.end_building()
+        except Exception as exc:
+            _drop_capture_stream(self.backend)
+            try:
+                builder.close()
+            except Exception:  # noqa: S110  (the capture has ended; the builder may refuse to close)
+                pass
+            raise CaptureError(
+                diagnostic(
+                    f"the capture of {what} failed when it ended: {_cause(exc)}",
+                    [f"opened at {where}", *_explain(exc)],
+                    help="make every stream that joined the capture join back (capture stream waits on it) "
+                    "and keep the region's work capturable",
+                )
+            ) from exc
+        definition = builder.graph_definition
+        builder.close()
+        return definition, []
+
+    def abort(self) -> None:
+        builder = self.builder
+        self.builder = None
+        if builder is None:
+            return
+        try:
+            builder.end_building()
+        except Exception:  # noqa: S110  (an invalidated capture ends with an error; it has ended)
+            pass
+        try:
+            builder.close()
+        except Exception:  # noqa: S110
+            pass
+        _drop_capture_stream(self.backend)
+
+
+_torch_streams: dict[int, Any] = {}
+_torch_lock = threading.Lock()
+
+
+def _torch_capture_stream(torch: Any, index: int) -> Any:
+    """PyTorch's capture stream for device ``index``, with cuBLAS warmed up on it: its handle and
+    workspace exist before the first capture, so the capture allocates nothing for them."""
+    with _torch_lock:
+        stream = _torch_streams.get(index)
+        if stream is None:
+            stream = torch.cuda.Stream(device=index)
+            with torch.cuda.device(index), torch.cuda.stream(stream):
+                a = torch.ones((2, 2), device=f"cuda:{index}")
+                torch.mm(a, a)
+                torch.addmm(a, a, a)
+                torch.cuda.current_blas_handle()
+            stream.synchronize()
+            _torch_streams[index] = stream
+        return stream
+
+
+class _TorchCapture:
+    """Capture through ``torch.cuda.graph`` with ``keep_graph=True`` (PyTorch's pool and warm-up)."""
+
+    def __init__(self, index: int, mode: str, what: str, where: str) -> None:
+        try:
+            import torch
+        except ImportError as exc:
+            raise CaptureError(
+                diagnostic(f'{what} uses via="torch", but PyTorch is not installed', [f"opened at {where}"],
+                           help='install torch, or capture with via="cuda" (cuda.core)')
+            ) from exc
+        self.torch = torch
+        self.index = index
+        self.mode = mode
+        self.stream = _torch_capture_stream(torch, index)
+        self.graph: Any = None
+        self.context: Any = None
+        self.before = 0
+
+    def begin(self) -> None:
+        torch = self.torch
+        self.graph = torch.cuda.CUDAGraph(keep_graph=True)
+        self.context = torch.cuda.graph(self.graph, stream=self.stream, capture_error_mode=self.mode)
+        self.context.__enter__()
+        self.before = int(torch.cuda.memory_allocated(self.index))
+
+    def _leave(self, exc: tuple[Any, Any, Any]) -> None:
+        """End torch's capture context; if capture_end raises, still restore the current stream."""
+        context = self.context
+        self.context = None
+        try:
+            context.__exit__(*exc)
+        except BaseException:
+            inner = getattr(context, "stream_ctx", None)
+            if inner is not None:
+                try:
+                    inner.__exit__(None, None, None)
+                except Exception:  # noqa: S110
+                    pass
+            raise
+
+    def end(self, what: str, where: str) -> tuple[GraphDefinition, list[object]]:
+        from cuda.bindings import driver
+        from cuda.core.graph import GraphDefinition
+
+        try:
+            self._leave((None, None, None))
+        except Exception as exc:
+            self._forget()
+            raise CaptureError(
+                diagnostic(
+                    f"the PyTorch capture of {what} failed when it ended: {_cause(exc)}",
+                    [f"opened at {where}", *_explain(exc)],
+                    help="make every stream that joined the capture join back, and keep the region's work capturable",
+                )
+            ) from exc
+        grown = int(self.torch.cuda.memory_allocated(self.index)) - self.before
+        if grown > 0:
+            self.graph = None
+            raise CaptureError(
+                diagnostic(
+                    f"{what} allocated {grown} bytes during capture that are still in use",
+                    [f"opened at {where}", "a tensor made inside the region is memory scopegraph does not track"],
+                    help="allocate before the scope and write into a declared tensor (e.g. torch.matmul(a, b, out=c))",
+                )
+            )
+        raw = int(self.graph.raw_cuda_graph())
+        # The torch graph as the one child of a definition of our own, which the scope's graph
+        # embeds (cuda.core cannot wrap a CUgraph it did not make: cuGraphAddChildGraphNode clones it).
+        holder = GraphDefinition()
+        err, _ = driver.cuGraphAddChildGraphNode(holder.handle, None, 0, driver.CUgraph(raw))
+        if err != driver.CUresult.CUDA_SUCCESS:
+            raise CaptureError(f"embedding the PyTorch graph of {what} failed: {err.name}\nhelp: report this with the region's code")
+        return holder, [self.graph]
+
+    def abort(self) -> None:
+        if self.context is not None:
+            try:
+                self._leave((None, None, None))
+            except Exception:  # noqa: S110  (an invalidated capture ends with an error; it has ended)
+                pass
+        self._forget()
+
+    def _forget(self) -> None:
+        self.graph = None
+        with _torch_lock:  # the stream may be left in a bad state: use a new one next time
+            if _torch_streams.get(self.index) is self.stream:
+                del _torch_streams[self.index]
+
+
+# -- the region ------------------------------------------------------------------------------
+
+
+class Region:
+    """The ``with`` block of ``s.capture(...)``: see the module docstring."""
+
+    def __init__(
+        self,
+        scope: Scope,
+        writes: Sequence[Mut[Tensor]],
+        reads: Sequence[Tensor],
+        host: Callable[..., object] | None,
+        via: str,
+        name: str,
+        keep: Sequence[object],
+        mode: str,
+        where: tuple[str, int],
+    ) -> None:
+        self.where = where
+        if via not in VIAS:
+            raise SignatureError(f'via={via!r} is not a way of capturing\nhelp: use via="cuda" (cuda.core) or via="torch"')
+        if mode not in MODES:
+            raise SignatureError(f"mode={mode!r} is not a capture mode\nhelp: use one of {', '.join(MODES)}")
+        self.scope = scope
+        self.via = via
+        self.mode = mode
+        self.op = Captured(str(name), writes, reads, host, self.location)
+        device = scope.stream.device
+        if self.op.device is not device:
+            raise SignatureError(
+                diagnostic(
+                    f"capture `{name}` declares tensors on {self.op.device} but the scope records on {device}",
+                    help="declare tensors of the scope stream's device",
+                )
+            )
+        if device.is_host:
+            self.op.check_host()
+        self.op.kept.extend(keep)
+        self.capturing = False
+        # What the foreign work launches on (CUDA only): a cuda.core Stream and its handle, or
+        # PyTorch's capture stream.
+        self.stream: Any = None
+        self.handle = 0
+        self.torch_stream: Any = None
+        self.node: RecordedNode | None = None
+        self._capture: _CoreCapture | _TorchCapture | None = None
+        self._cupy: Any = None
+        self._entered = False
+
+    @property
+    def location(self) -> str:
+        return f"{self.where[0]}:{self.where[1]}"
+
+    def __repr__(self) -> str:
+        return f"<Region `{self.op.label_name}` via {self.via}, {'capturing' if self.capturing else 'not capturing'}>"
+
+    def hold(self, *objects: object) -> None:
+        """Keep ``objects`` alive as long as the graph that holds this region lives."""
+        self.op.kept.extend(objects)
+
+    def busy(self, what: str) -> ScopeStateError:
+        return ScopeStateError(
+            diagnostic(
+                f"cannot {what} while the captured region opened at {self.location} is open",
+                ["an op recorded now would land before the region's node, not inside it"],
+                help="launch the foreign work on the region's stream, or record after the region's `with` block",
+            )
+        )
+
+    def __enter__(self) -> Region:
+        scope = self.scope
+        if self._entered:
+            raise ScopeStateError("this captured region was already used\nhelp: open a new one with s.capture(...)")
+        if scope._state is not _State.OPEN:
+            raise ScopeStateError(
+                diagnostic(
+                    "cannot open a captured region in a scope that is "
+                    + ("not open yet" if scope._state is _State.NEW else "finished"),
+                    [f"the scope was opened at {scope.opened_at}"],
+                    help="open it inside the `with CudaGraph.scope(stream) as s:` block",
+                )
+            )
+        if scope._inner is not None:
+            raise scope._inner.busy("open a captured region in the scope")
+        for t in self.op.tensors:
+            t.check_alive()
+        self._entered = True
+        device = scope.stream.device
+        if device.is_cuda:
+            backend = device.backend
+            if self.via == "torch":
+                self._capture = _TorchCapture(device.index, self.mode, f"`{self.op.label_name}`", self.location)
+            else:
+                self._capture = _CoreCapture(backend, self.mode)
+            self._refuse_cupy_allocations()
+            try:
+                self._capture.begin()
+            except BaseException:
+                self._restore_cupy()
+                self._capture = None
+                raise
+            if isinstance(self._capture, _TorchCapture):
+                self.torch_stream = self._capture.stream
+                self.handle = int(self._capture.stream.cuda_stream)
+            else:
+                self.stream = self._capture.stream
+                self.handle = int(self._capture.stream.handle)
+            self.capturing = True
+        scope._inner = self
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        scope = self.scope
+        scope._inner = None
+        capture, self._capture = self._capture, None
+        self.capturing = False
+        what = f"captured region `{self.op.label_name}`"
+        try:
+            if exc is not None:
+                if capture is not None:
+                    capture.abort()
+                if capture is not None and isinstance(exc, Exception) and not isinstance(exc, ScopeGraphError):
+                    raise CaptureError(
+                        diagnostic(
+                            f"the capture of {what} failed: {_cause(exc)}",
+                            [f"opened at {self.location}", *_explain(exc)],
+                            help="keep the region's work capturable: no allocation, no synchronisation, no copy to the "
+                            "host; launch everything on the region's stream",
+                        )
+                    ) from exc
+                return  # not recorded; the scope stays usable (and abandons itself if the error escapes)
+            if capture is not None:
+                definition, kept = capture.end(what, self.location)
+                self.op.nodes_captured = check_no_allocation_nodes(what, self.location, definition.handle)
+                self.op.definition = definition
+                self.op.kept.extend(kept)
+        finally:
+            self._restore_cupy()
+        start = len(scope._nodes)
+        self.node = scope.record(self.op)
+        for node in scope._nodes[start:]:  # the region's node, and a join the tracker put before it
+            node._where = self.where
+
+    # -- CuPy: refuse its allocations while the region captures ----------------------------
+
+    def _refuse_cupy_allocations(self) -> None:
+        cupy = sys.modules.get("cupy")
+        if cupy is None:
+            return
+        where = self.location
+        name = self.op.label_name
+
+        def refuse(size: int) -> Any:
+            raise CaptureError(
+                diagnostic(
+                    f"CuPy allocated {size} bytes inside the captured region `{name}`",
+                    [f"opened at {where}", "memory CuPy's pool hands out during capture is not memory scopegraph tracks: "
+                     "the pool would give it to someone else while the graph still writes it"],
+                    help="allocate before the scope and pass out= (or write into a declared array)",
+                )
+            )
+
+        try:
+            self._cupy = cupy.cuda.using_allocator(refuse)
+            self._cupy.__enter__()
+        except Exception:  # an old CuPy without using_allocator: the driver's refusal still applies
+            self._cupy = None
+
+    def _restore_cupy(self) -> None:
+        context, self._cupy = self._cupy, None
+        if context is not None:
+            context.__exit__(None, None, None)
+
+
+class Entry:
+    """``Scope.capture`` delegates here (registered below: ``_scope`` cannot import this module)."""
+
+    @staticmethod
+    def capture(
+        scope: Scope,
+        writes: Sequence[Mut[Tensor]],
+        reads: Sequence[Tensor],
+        host: Callable[..., object] | None,
+        via: str,
+        name: str,
+        keep: Sequence[object],
+        mode: str,
+        where: tuple[str, int],
+    ) -> Region:
+        return Region(scope, writes, reads, host, via, name, keep, mode, where)
+
+
+_scope.capture = Entry

@@ -1,0 +1,62 @@
+"""``python -m scopegraph bench --gpus N`` (under ``torchrun --nproc-per-node N``): the seed model split
+over N GPUs (scopegraph._cli.tp) against the same model on one GPU, eager and as graphs, tokens per
+second. Rank 0 writes DIR/bench-tp.json and DIR/bench-tp.txt and prints the table."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from ... import init_distributed
+from ..seed_model import Config
+from ..tp import TOLERANCE, measure
+from ._timing import environment
+
+
+def format_rows(r: dict[str, Any]) -> list[str]:
+    lines = [
+        f"## tensor parallelism: the seed model split over {r['world']} ranks (column-parallel Q, row-parallel O, "
+        "one all-reduce a layer), tokens/s",
+        f"{'d':>5} {'layers':>6} {'1 GPU eager':>11} {'1 GPU graph':>11} {'N eager':>9} {'N graph':>9} "
+        f"{'graph N/1':>9} {'rel. err':>9} {'equal':>5}",
+    ]
+    for row in r["rows"]:
+        one_e, one_g = row["single_eager_tok_s"], row["single_graph_tok_s"]
+        err = max(row["err_graph_vs_single"], row["err_eager_vs_single"])
+        lines.append(
+            f"{row['d']:>5} {row['layers']:>6} {one_e:>11.1f} {one_g:>11.1f} {row['tp_eager_tok_s']:>9.1f} "
+            f"{row['tp_graph_tok_s']:>9.1f} {row['tp_graph_tok_s'] / one_g:>9.2f} {err:>9.1e} "
+            f"{'yes' if err < TOLERANCE else 'NO':>5}"
+        )
+    return lines
+
+
+def main(out_dir: Path, spec: str | None, quick: bool, gpus: int) -> int:
+    comm = init_distributed(spec)
+    try:
+        if comm.world_size != gpus:
+            if comm.rank == 0:
+                print(f"scopegraph bench: --gpus {gpus} needs {gpus} processes, this program has {comm.world_size}\n"
+                      f"help: run `torchrun --nproc-per-node {gpus} -m scopegraph bench --gpus {gpus}`", file=sys.stderr)
+            return 2
+        dev = comm.device
+        sizes = [(256, 4)] if dev.is_host else ([(2048, 22)] if quick else [(512, 22), (2048, 22)])
+        tokens = 16 if dev.is_host else (128 if quick else 512)
+        rows = []
+        for d, layers in sizes:
+            f = measure(comm, Config(d=d, n_layers=layers), tokens)
+            rows.append(asdict(f))
+        if comm.rank == 0:
+            result = {"environment": environment(dev), "world": comm.world_size, "bootstrap": comm.bootstrap.kind, "rows": rows}
+            out_dir.mkdir(parents=True, exist_ok=True)
+            (out_dir / "bench-tp.json").write_text(json.dumps(result, indent=2))
+            table = "\n".join(format_rows(result)) + "\n"
+            (out_dir / "bench-tp.txt").write_text(table)
+            print(table)
+        ok = all(max(row["err_graph_vs_single"], row["err_eager_vs_single"]) < TOLERANCE for row in rows)
+        return 0 if ok else 1
+    finally:
+        comm.close()

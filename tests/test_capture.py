@@ -1,0 +1,353 @@
+"""Captured regions (issue 12, DESIGN.md section 9): another library's GPU work as one child-graph
+node, ordered by its declared borrows, with every refusal a ScopeGraphError and the stream usable
+after it. Backend-independent tests run on both backends (on CUDA the "foreign" work is a kernel
+launched with cuda.core itself on the region's stream); PyTorch and CuPy tests need a GPU and skip
+without the library."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+import pytest
+
+import scopegraph as sg
+from scopegraph import CudaGraph, library
+from scopegraph._capture import is_capturing
+
+from .helpers import assert_stream_usable
+
+NDArray = np.ndarray[Any, np.dtype[Any]]
+
+SCALE = r"""
+extern "C" __global__ void foreign_scale(float* out, const float* x, float a, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = a * x[i];
+}
+"""
+
+
+@functools.cache
+def _foreign_kernel(arch: str) -> Any:
+    from cuda.core import Program, ProgramOptions
+
+    return Program(SCALE, "c++", ProgramOptions(arch=arch)).compile("cubin").get_kernel("foreign_scale")
+
+
+def foreign_scale(region: sg.Region, out: sg.Tensor, x: sg.Tensor, a: float) -> None:
+    """``out = a * x`` as "another library" would launch it: cuda.core directly, on the region's stream."""
+    from cuda.core import Device, LaunchConfig, launch
+
+    n = x.size
+    kernel = _foreign_kernel(f"sm_{Device(out.device.index).arch}")
+    launch(region.stream, LaunchConfig(grid=(n + 255) // 256, block=256), kernel, out.data_ptr, x.data_ptr, np.float32(a), np.int32(n))
+
+
+def scale_region(s: sg.Scope, out: sg.Tensor, x: sg.Tensor, a: float, name: str = "scale") -> sg.Region:
+    with s.capture(reads=[x], writes=[out.mut()], name=name, host=lambda o, i: np.multiply(i, np.float32(a), out=o)) as region:
+        if region.capturing:
+            foreign_scale(region, out, x, a)
+    return region
+
+
+# -- on both backends ---------------------------------------------------------------------------
+
+
+def test_a_region_is_one_node_ordered_by_its_borrows(sg_stream: sg.Stream) -> None:
+    dev = sg_stream.device
+    x0 = np.arange(1000, dtype=np.float32)
+    src = dev.from_numpy(x0, name="src")
+    a = dev.zeros((1000,), name="a")
+    mid = dev.zeros((1000,), name="mid")
+    y = dev.zeros((1000,), name="y")
+    with CudaGraph.scope(sg_stream) as s:
+        s.record(sg.memcpy(a.mut(), src))  # 0: a = src
+        s.record(library.add_scalar_op(a.mut(), 1.0))  # 1: a += 1
+        region = scale_region(s, mid, a, 3.0)  # 2: mid = 3a (foreign)
+        s.record(library.add_op(y.mut(), mid, a))  # 3: y = mid + a
+        s.record(library.add_scalar_op(a.mut(), 100.0))  # 4: a += 100, after the region read a
+    graph = s.graph
+    assert region.node is not None and region.node.index == 2
+    nodes = graph.nodes
+    assert [type(n.op).__name__ for n in nodes] == ["Memcpy", "KernelLaunch", "Captured", "KernelLaunch", "KernelLaunch"]
+    assert nodes[2].deps == {1}
+    assert 2 in nodes[3].deps and 2 in nodes[4].deps | set().union(*(nodes[d].deps for d in nodes[4].deps))
+    assert "capture:scale(mut mid, a)" in graph.to_dot()
+    for step in range(3):
+        sg_stream.run(sg.memcpy(src.mut(), dev.from_numpy(x0 + step)))
+        graph.launch()
+        graph.sync()
+        np.testing.assert_allclose(y.numpy(), 4 * (x0 + step + 1))
+        np.testing.assert_allclose(a.numpy(), x0 + step + 101)
+    graph.close()
+
+
+def test_independent_regions_run_in_parallel_branches(sg_stream: sg.Stream) -> None:
+    dev = sg_stream.device
+    x = dev.from_numpy(np.ones(256, np.float32), name="x")
+    outs = [dev.zeros((256,), name=f"o{i}") for i in range(3)]
+    with CudaGraph.scope(sg_stream) as s:
+        for i, o in enumerate(outs):
+            scale_region(s, o, x, float(i + 1), name=f"s{i}")
+    with s.graph as graph:
+        assert all(not n.deps for n in graph.nodes)
+        graph.launch()
+        graph.sync()
+        for i, o in enumerate(outs):
+            np.testing.assert_allclose(o.numpy(), np.full(256, i + 1.0))
+
+
+@pytest.mark.parametrize("case", ["write-read overlap", "two writes", "frozen write"])
+def test_declared_borrows_are_checked_at_the_capture_line(sg_stream: sg.Stream, case: str) -> None:
+    dev = sg_stream.device
+    x = dev.zeros((1024,), name="x")
+    w = dev.zeros((16,), name="w").freeze()
+    if case == "write-read overlap":
+        kwargs: dict[str, Any] = {"reads": [x[256:768]], "writes": [x[0:512].mut()]}
+        message = "cannot borrow `x[256:768]` as immutable because it is also borrowed as mutable in `capture:bad`"
+    elif case == "two writes":
+        kwargs = {"writes": [x[0:512].mut(), x[500:600].mut()]}
+        message = "as mutable more than once"
+    else:
+        kwargs = {"reads": [x], "writes": [w.mut()]}
+        message = "cannot borrow `w` as mutable in `capture:bad`: it is frozen"
+    with CudaGraph.scope(sg_stream) as s:
+        with pytest.raises(sg.BorrowError, match=message.replace("[", r"\[").replace("]", r"\]")) as info:
+            s.capture(name="bad", host=lambda *a: None, **kwargs)
+        assert any(str(e.path).endswith("test_capture.py") and "s.capture(" in str(e.statement) for e in info.traceback)
+        s.record(library.fill_op(x.mut(), 1.0))  # the scope goes on
+    assert len(s.graph.nodes) == 1
+    s.graph.close()
+    assert_stream_usable(sg_stream)
+
+
+def test_refusals_around_the_region(sg_stream: sg.Stream) -> None:
+    dev = sg_stream.device
+    x, y = dev.zeros((64,), name="x"), dev.zeros((64,), name="y")
+    host = functools.partial(np.copyto)
+    with CudaGraph.scope(sg_stream) as s:
+        with pytest.raises(sg.SignatureError, match="declares no writes"):
+            s.capture(reads=[x], writes=[], host=host)
+        with pytest.raises(sg.SignatureError, match="take lists of tensors"):
+            s.capture(writes=y.mut(), host=host)  # type: ignore[arg-type]
+        with pytest.raises(sg.SignatureError, match="needs a mutable borrow"):
+            s.capture(writes=[y], host=host)  # type: ignore[list-item]
+        with pytest.raises(sg.SignatureError, match="via='numba' is not a way of capturing"):
+            s.capture(writes=[y.mut()], host=host, via="numba")
+        with pytest.raises(sg.SignatureError, match="mode='loose' is not a capture mode"):
+            s.capture(writes=[y.mut()], host=host, mode="loose")
+        region = s.capture(reads=[x], writes=[y.mut()], host=host, name="copy")
+        with region:
+            with pytest.raises(sg.ScopeStateError, match="while the captured region opened at .* is open"):
+                s.record(library.fill_op(x.mut(), 1.0))
+            with pytest.raises(sg.ScopeStateError, match="while the captured region"):
+                s.capture(writes=[x.mut()], host=host).__enter__()
+            if region.capturing:
+                foreign_scale(region, y, x, 1.0)
+        with pytest.raises(sg.ScopeStateError, match="already used"):
+            region.__enter__()
+        op = region.op
+    with pytest.raises(sg.NotAGraphNodeError, match="cannot run `capture:copy` eagerly"):
+        sg_stream.run(op)
+    with pytest.raises(sg.ScopeStateError, match="finished"):
+        s.capture(writes=[x.mut()], host=host).__enter__()
+    graph = s.graph
+    with pytest.raises(sg.SignatureError, match="cannot rebind node 0 .*capture:copy"):
+        graph.rebind({x: dev.zeros((64,), name="x2")})
+    graph.close()
+    assert_stream_usable(sg_stream)
+
+
+def test_an_error_inside_the_region_leaves_the_scope_and_stream_usable(sg_stream: sg.Stream) -> None:
+    dev = sg_stream.device
+    x, y = dev.full((64,), 2.0, name="x"), dev.zeros((64,), name="y")
+    expected: type[Exception] = sg.CaptureError if dev.is_cuda else ValueError
+    with CudaGraph.scope(sg_stream) as s:
+        with pytest.raises(expected) as info:
+            with s.capture(reads=[x], writes=[y.mut()], host=np.copyto):
+                raise ValueError("the library failed")
+        if dev.is_cuda:
+            assert "the capture of captured region `capture` failed: ValueError: the library failed" in str(info.value)
+        assert s.nodes == ()  # the region was not recorded
+        scale_region(s, y, x, 5.0)
+    with s.graph as graph:
+        graph.launch()
+        graph.sync()
+        np.testing.assert_allclose(y.numpy(), np.full(64, 10.0))
+    assert_stream_usable(sg_stream)
+
+
+# -- host backend -------------------------------------------------------------------------------
+
+
+def test_the_host_backend_needs_a_host_callable() -> None:
+    dev = sg.device("host")
+    stream = dev.stream()
+    y = dev.zeros((4,), name="y")
+    with CudaGraph.scope(stream) as s:
+        with pytest.raises(sg.NoHostReferenceError, match="captured region `gemm` has no host callable"):
+            s.capture(writes=[y.mut()], name="gemm")
+        with s.capture(writes=[y.mut()], name="fill", host=lambda y: y.fill(7)) as region:
+            assert not region.capturing and region.stream is None and region.handle == 0
+    with s.graph as graph:
+        graph.launch()
+        np.testing.assert_array_equal(y.numpy(), np.full(4, 7.0, np.float32))
+
+
+def test_the_host_callable_gets_writable_writes_and_read_only_reads() -> None:
+    dev = sg.device("host")
+    stream = dev.stream()
+    a, b = dev.from_numpy(np.ones((2, 3), np.float32), name="a"), dev.from_numpy(np.ones((3, 4), np.float32), name="b")
+    c = dev.zeros((2, 4), name="c")
+    seen: list[tuple[tuple[int, ...], bool]] = []
+
+    def gemm(c: NDArray, a: NDArray, b: NDArray) -> None:
+        seen.extend((v.shape, bool(v.flags.writeable)) for v in (c, a, b))
+        np.matmul(a, b, out=c)
+
+    with CudaGraph.scope(stream) as s:
+        with s.capture(reads=[a, b], writes=[c.mut()], host=gemm, name="gemm"):
+            pass
+    with s.graph as graph:
+        graph.launch()
+        assert seen == [((2, 4), True), ((2, 3), False), ((3, 4), False)]
+        np.testing.assert_array_equal(c.numpy(), np.full((2, 4), 3.0, np.float32))
+
+
+# -- CUDA: PyTorch, CuPy, and the refusals the driver makes -------------------------------------
+
+
+@pytest.mark.cuda
+def test_torch_matmul_between_scopegraph_kernels() -> None:
+    torch = pytest.importorskip("torch")
+    dev = sg.device("cuda")
+    stream = dev.stream()
+    rng = np.random.default_rng(0)
+    A, B = rng.standard_normal((64, 32), dtype=np.float32), rng.standard_normal((32, 48), dtype=np.float32)
+    a, b = dev.from_numpy(A, name="a"), dev.from_numpy(B, name="b")
+    c, y = dev.zeros((64, 48), name="c"), dev.zeros((64, 48), name="y")
+    ta, tb, tc = torch.from_dlpack(a), torch.from_dlpack(b), torch.from_dlpack(c)
+    with CudaGraph.scope(stream) as s:
+        s.record(library.add_scalar_op(a.mut(), 1.0))
+        with s.capture(reads=[a, b], writes=[c.mut()], via="torch", name="matmul") as region:
+            assert region.capturing and region.torch_stream is not None
+            torch.matmul(ta, tb, out=tc)
+        s.record(library.axpy_op(y.mut(), c, 2.0))
+    op = region.op
+    assert op.nodes_captured >= 1 and any(type(k).__name__ == "CUDAGraph" for k in op.kept)
+    with s.graph as graph:
+        for step in range(1, 4):
+            graph.launch()
+            graph.sync()
+            ea = torch.from_numpy(A + step).cuda()
+            want = torch.matmul(ea, torch.from_numpy(B).cuda())
+            np.testing.assert_allclose(c.numpy(), want.cpu().numpy(), rtol=1e-4, atol=1e-3)
+        np.testing.assert_allclose(y.numpy(), 2 * sum(((A + k) @ B) for k in range(1, 4)), rtol=1e-3, atol=1e-2)
+    assert_stream_usable(stream)
+
+
+@pytest.mark.cuda
+def test_cupy_kernel_between_scopegraph_kernels() -> None:
+    cupy = pytest.importorskip("cupy")
+    dev = sg.device("cuda")
+    stream = dev.stream()
+    x0 = np.linspace(-1, 1, 4096, dtype=np.float32)
+    x, out = dev.from_numpy(x0, name="x"), dev.zeros((4096,), name="out")
+    cx, cout = cupy.from_dlpack(x), cupy.from_dlpack(out)
+    square_plus = cupy.ElementwiseKernel("float32 v", "float32 r", "r = v * v + 1.0f", "sg_square_plus")
+    square_plus(cx, cout)  # compiled before the scope
+    with CudaGraph.scope(stream) as s:
+        s.record(library.add_scalar_op(x.mut(), 1.0))
+        with s.capture(reads=[x], writes=[out.mut()], name="square_plus") as region:
+            with cupy.cuda.ExternalStream(region.handle):
+                square_plus(cx, cout)
+        s.record(library.add_scalar_op(out.mut(), 0.5))
+    with s.graph as graph:
+        for step in range(1, 3):
+            graph.launch()
+            graph.sync()
+            np.testing.assert_allclose(out.numpy(), (x0 + step) ** 2 + 1.5, rtol=1e-5)
+
+
+def _refused(stream: sg.Stream, body: Any, match: str, via: str = "cuda", views: Any = None) -> None:
+    """``body(region, x, y, *views(x, y))`` inside a region must be refused with a CaptureError
+    matching ``match``; afterwards nothing is capturing and the stream is usable. Foreign views are
+    made before the scope (DLPack export orders streams, which a capturing stream must not do)."""
+    dev = stream.device
+    x, y = dev.full((1024,), 2.0, name="x"), dev.zeros((1024,), name="y")
+    extra = views(x, y) if views is not None else ()
+    with pytest.raises(sg.CaptureError, match=match):
+        with CudaGraph.scope(stream) as s:
+            with s.capture(reads=[x], writes=[y.mut()], via=via, name="bad") as region:
+                body(region, x, y, *extra)
+    from scopegraph._capture import capture_stream
+
+    assert not is_capturing(capture_stream(dev.backend))
+    assert_stream_usable(stream)
+
+
+@pytest.mark.cuda
+def test_cupy_allocation_during_capture_is_refused() -> None:
+    cupy = pytest.importorskip("cupy")
+    stream = sg.device("cuda").stream()
+
+    def body(region: sg.Region, x: sg.Tensor, y: sg.Tensor, cx: Any) -> None:
+        with cupy.cuda.ExternalStream(region.handle):
+            cx * 2  # a new array: CuPy allocates
+
+    _refused(stream, body, "CuPy allocated 4096 bytes inside the captured region `bad`", views=lambda x, y: (cupy.from_dlpack(x),))
+
+
+@pytest.mark.cuda
+def test_torch_allocation_during_capture_is_refused() -> None:
+    torch = pytest.importorskip("torch")
+    stream = sg.device("cuda").stream()
+    kept: list[Any] = []
+
+    def body(region: sg.Region, x: sg.Tensor, y: sg.Tensor, tx: Any) -> None:
+        kept.append(tx * 2)  # a new tensor that outlives the region
+
+    _refused(stream, body, "allocated .* bytes during capture that are still in use", via="torch",
+             views=lambda x, y: (torch.from_dlpack(x),))
+
+
+@pytest.mark.cuda
+def test_a_capture_that_fails_is_refused() -> None:
+    torch = pytest.importorskip("torch")
+    stream = sg.device("cuda").stream()
+
+    def body(region: sg.Region, x: sg.Tensor, y: sg.Tensor, ty: Any) -> None:
+        ty.add_(1.0)
+        ty.sum().item()  # a copy to the host: not capturable
+
+    _refused(stream, body, "the capture of captured region `bad` failed", via="torch", views=lambda x, y: (torch.from_dlpack(y),))
+
+
+@pytest.mark.cuda
+def test_a_synchronising_call_in_a_cuda_capture_is_refused() -> None:
+    stream = sg.device("cuda").stream()
+
+    def body(region: sg.Region, x: sg.Tensor, y: sg.Tensor) -> None:
+        foreign_scale(region, y, x, 2.0)
+        region.stream.sync()
+
+    _refused(stream, body, "the capture of captured region `bad` failed")
+
+
+@pytest.mark.cuda
+def test_work_left_on_another_stream_is_refused() -> None:
+    from cuda.core import Device
+
+    stream = sg.device("cuda").stream()
+    side = Device(stream.device.index).create_stream()
+
+    def body(region: sg.Region, x: sg.Tensor, y: sg.Tensor) -> None:
+        side.wait(region.stream)  # the side stream joins the capture ...
+        from cuda.core import LaunchConfig, launch
+
+        kernel = _foreign_kernel(f"sm_{Device(stream.device.index).arch}")
+        launch(side, LaunchConfig(grid=4, block=256), kernel, y.data_ptr, x.data_ptr, np.float32(2.0), np.int32(1024))
+        # ... and is never joined back (region.stream.wait(side) is missing)
+
+    _refused(stream, body, "(?s)failed when it ended.*(joined|UNJOINED)")

@@ -1,0 +1,224 @@
+"""Collectives across processes (issue 12, DESIGN.md section 10): a 2-process program on the host
+backend over scopegraph's own socket bootstrap, checked against numpy (CI, no GPU); the checks
+every rank agrees on; the tensor-parallel seed model; and, with 2 GPUs, the same program on NCCL
+under torchrun."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import scopegraph as sg
+from scopegraph import CudaGraph, library
+from scopegraph._bootstrap import SingleBootstrap, SocketBootstrap
+from scopegraph._driver import cuda_device_count
+
+ROOT = Path(__file__).resolve().parents[1]
+PROGRAM = ROOT / "tests" / "dist_program.py"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run_ranks(args: list[str], n: int = 2, timeout: float = 120, env: dict[str, str] | None = None) -> list[subprocess.CompletedProcess[str]]:
+    """Start ``n`` processes of ``python args`` as torchrun would (RANK, WORLD_SIZE, MASTER_*), on
+    the host backend with the socket bootstrap; wait for all of them."""
+    port = str(free_port())
+    procs = [
+        subprocess.Popen(
+            [sys.executable, *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+            env={
+                **os.environ,
+                "SCOPEGRAPH_DEVICE": "host",
+                "SCOPEGRAPH_BOOTSTRAP": "socket",
+                "RANK": str(r),
+                "LOCAL_RANK": str(r),
+                "WORLD_SIZE": str(n),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": port,
+                "SCOPEGRAPH_DIST_TIMEOUT": "60",
+                **(env or {}),
+            },
+        )
+        for r in range(n)
+    ]
+    done = []
+    for p in procs:
+        out, err = p.communicate(timeout=timeout)
+        done.append(subprocess.CompletedProcess(p.args, p.returncode, out, err))
+    return done
+
+
+def test_a_two_process_program_on_the_host_backend() -> None:
+    ranks = run_ranks([str(PROGRAM)])
+    for r, done in enumerate(ranks):
+        assert done.returncode == 0, f"rank {r}:\n{done.stdout}\n{done.stderr}"
+        out = done.stdout
+        assert f"rank {r}: ALL OK" in out
+        assert f"rank {r}: graph replay 2: all_gather: ok" in out
+        assert f"rank {r}: recorded mismatch caught: rank {r} of 2: the ranks disagree on the collectives of the recorded graph" in out
+        assert f"rank {r}: eager mismatch caught" in out
+        assert "all_reduce(mut total, h, sum) on comm0" in out
+
+
+def test_three_ranks() -> None:
+    ranks = run_ranks([str(PROGRAM)], n=3)
+    for r, done in enumerate(ranks):
+        assert done.returncode == 0 and f"rank {r}: ALL OK" in done.stdout, done.stdout + done.stderr
+
+
+def test_a_rank_that_dies_is_an_error_not_a_hang(tmp_path: Path) -> None:
+    script = tmp_path / "dies.py"
+    script.write_text(
+        "import os, sys\n"
+        "import scopegraph as sg\n"
+        "comm = sg.init_distributed()\n"
+        "x = comm.device.zeros((4,))\n"
+        "if comm.rank == 1:\n"
+        "    sys.exit(3)\n"
+        "try:\n"
+        "    comm.device.stream().run(comm.all_reduce(x.mut()))\n"
+        "except sg.DistributedError as err:\n"
+        "    print('caught:', str(err).splitlines()[0])\n"
+    )
+    ranks = run_ranks([str(script)], env={"SCOPEGRAPH_DIST_TIMEOUT": "20"}, timeout=60)
+    assert ranks[1].returncode == 3
+    assert "caught: rank 0 lost its connection to the other ranks" in ranks[0].stdout, ranks[0].stdout + ranks[0].stderr
+
+
+def test_the_tensor_parallel_demo_matches_the_single_model() -> None:
+    ranks = run_ranks(["-m", "scopegraph", "demo", "--device", "host", "--gpus", "2", "--d", "64", "--layers", "2", "--tokens", "4"])
+    for r, done in enumerate(ranks):
+        assert done.returncode == 0, f"rank {r}:\n{done.stdout}\n{done.stderr}"
+    out = ranks[0].stdout
+    assert "tensor parallel over 2 ranks (socket bootstrap" in out
+    assert "8 tokens split over 2 ranks vs the single-GPU model" in out and ": OK" in out
+    assert "2 ranks:  eager" in out and "(12 nodes a graph)" in out
+    assert ranks[1].stdout == ""  # only rank 0 reports
+
+
+def test_the_demo_refuses_a_wrong_process_count() -> None:
+    done = subprocess.run([sys.executable, "-m", "scopegraph", "demo", "--device", "host", "--gpus", "2"],
+                          capture_output=True, text=True, timeout=60, env={**os.environ, "SCOPEGRAPH_BOOTSTRAP": "single"})
+    assert done.returncode == 2
+    assert "--gpus 2 needs 2 processes" in done.stderr and "torchrun --nproc-per-node 2" in done.stderr
+
+
+# -- in one process: a world of one, and the checks made when ops are built --------------------
+
+
+def one_rank() -> sg.Communicator:
+    return sg.Communicator(sg.device("host"), SingleBootstrap())
+
+
+def test_a_world_of_one() -> None:
+    comm = one_rank()
+    dev = comm.device
+    stream = dev.stream()
+    x = dev.from_numpy(np.arange(6, dtype=np.float32), name="x")
+    g = dev.zeros((6,), name="g")
+    with CudaGraph.scope(stream) as s:
+        s.record(library.add_scalar_op(x.mut(), 1.0))
+        s.record(comm.all_reduce(x.mut()))
+        s.record(sg.all_gather(g.mut(), x, comm))
+        s.record(library.add_scalar_op(x.mut(), 1.0))
+    graph = s.graph
+    labels = [n.op.label() for n in graph.nodes]
+    assert labels[1:3] == [f"all_reduce(mut x, sum) on comm{comm.id}", f"all_gather(mut g, x) on comm{comm.id}"]
+    graph.launch()
+    np.testing.assert_array_equal(g.numpy(), np.arange(6) + 1)
+    np.testing.assert_array_equal(x.numpy(), np.arange(6) + 2)
+    graph.close()
+    comm.close()
+    with pytest.raises(sg.DistributedError, match="is closed"):
+        comm.all_reduce(x.mut())
+
+
+def test_collectives_of_one_communicator_are_chained() -> None:
+    comm = one_rank()
+    dev = comm.device
+    a, b = dev.zeros((4,), name="a"), dev.zeros((4,), name="b")
+    with CudaGraph.scope(dev.stream()) as s:
+        s.record(comm.all_reduce(a.mut()))
+        s.record(comm.all_reduce(b.mut()))  # independent data, but NCCL needs the same order on every rank
+    nodes = s.graph.nodes
+    assert nodes[1].deps == {0}
+    s.graph.close()
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda c, d: c.all_gather(d.zeros((3,)).mut(), d.zeros((2,))), "sizes do not fit a world of 1"),
+        (lambda c, d: c.reduce_scatter(d.zeros((2,)).mut(), d.zeros((3,))), "world_size \\* dst.size = 2"),
+        (lambda c, d: c.all_reduce(d.zeros((2,)).mut(), d.zeros((2,), sg.i32)), "`dst` is f32 but `src` is i32"),
+        (lambda c, d: c.all_reduce(d.zeros((2,)).mut(), op="mean"), "op='mean' is not a reduction"),
+        (lambda c, d: c.all_reduce(d.zeros((2,), sg.i32).mut(), op="avg"), "op='avg' needs a floating-point dtype"),
+        (lambda c, d: c.broadcast(d.zeros((2,)).mut(), root=1), "root=1 is not a rank of 1"),
+        (lambda c, d: c.all_reduce(d.zeros((2,))), "needs a mutable borrow"),
+        (lambda c, d: c.all_reduce(d.zeros((2,), sg.i16).mut()), "cannot move i16 data"),
+        (lambda c, d: sg.all_reduce(d.zeros((2,)).mut(), "comm"), "needs a Communicator, not str"),  # type: ignore[arg-type]
+    ],
+)
+def test_collectives_check_their_arguments(make: object, message: str) -> None:
+    comm = one_rank()
+    with pytest.raises(sg.SignatureError, match=message):
+        make(comm, comm.device)  # type: ignore[operator]
+
+
+def test_aliasing_in_a_collective_is_a_borrow_error() -> None:
+    comm = one_rank()
+    x = comm.device.zeros((8,), name="x")
+    with pytest.raises(sg.BorrowError, match="cannot borrow `x\\[2:6\\]` as immutable"):
+        comm.all_reduce(x[0:4].mut(), src=x[2:6])
+
+
+def test_a_collective_in_a_loop_body_is_refused() -> None:
+    comm = one_rank()
+    dev = comm.device
+    flag, x = dev.zeros((1,), sg.i32, name="flag"), dev.zeros((4,), name="x")
+    with CudaGraph.scope(dev.stream()) as s:
+        with s.while_(flag) as body:
+            with pytest.raises(sg.NotAGraphNodeError, match="cannot record `all_reduce`"):
+                body.record(comm.all_reduce(x.mut()))
+
+
+def test_socket_bootstrap_times_out_without_peers() -> None:
+    with pytest.raises(sg.DistributedError, match="timed out after 1 s waiting for 1 rank\\(s\\) to connect"):
+        SocketBootstrap(0, 2, "127.0.0.1", free_port(), timeout=1.0)
+    with pytest.raises(sg.DistributedError, match="timed out after 1 s connecting to rank 0"):
+        SocketBootstrap(1, 2, "127.0.0.1", free_port(), timeout=1.0)
+
+
+# -- two GPUs: the same program on NCCL, under torchrun ----------------------------------------
+
+
+@pytest.mark.cuda
+def test_a_two_process_program_on_two_gpus() -> None:
+    if cuda_device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    pytest.importorskip("torch")
+    pytest.importorskip("nccl.core")
+    env = {**os.environ, "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+    env.pop("SCOPEGRAPH_DEVICE", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()), str(PROGRAM)],
+        capture_output=True, text=True, timeout=300, cwd=ROOT, env=env,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    for r in range(2):
+        assert f"rank {r}: ALL OK" in done.stdout
+        assert f"rank {r} of 2 on cuda:{r} (torch bootstrap)" in done.stdout
