@@ -21,6 +21,7 @@ arrives (it crashed, or it is running a different program) is an error, not a ha
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import socket
@@ -186,10 +187,8 @@ class SocketBootstrap:
     def close(self) -> None:
         for s in [*self._peers, self._root, self._listener]:
             if s is not None:
-                try:
+                with contextlib.suppress(OSError):
                     s.close()
-                except OSError:  # noqa: S110
-                    pass
         self._peers = []
         self._root = self._listener = None
 
@@ -271,12 +270,16 @@ def from_env(kind: str | None = None, timeout: float | None = None) -> Bootstrap
         try:
             return TorchBootstrap(timeout)
         except ImportError as exc:
-            raise DistributedError("the torch bootstrap needs PyTorch\nhelp: install torch, or use SCOPEGRAPH_BOOTSTRAP=socket") from exc
+            raise DistributedError(
+                "the torch bootstrap needs PyTorch\nhelp: install torch, or use SCOPEGRAPH_BOOTSTRAP=socket"
+            ) from exc
     if kind == "mpi":
         try:
             return MpiBootstrap()
         except ImportError as exc:
-            raise DistributedError("the mpi bootstrap needs mpi4py\nhelp: install mpi4py, or use SCOPEGRAPH_BOOTSTRAP=socket") from exc
+            raise DistributedError(
+                "the mpi bootstrap needs mpi4py\nhelp: install mpi4py, or use SCOPEGRAPH_BOOTSTRAP=socket"
+            ) from exc
     try:
         rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
         addr = env.get("MASTER_ADDR", "127.0.0.1")

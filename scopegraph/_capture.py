@@ -58,6 +58,7 @@ into a child graph when the scope builds its graph.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 from collections.abc import Callable, Sequence
@@ -68,7 +69,14 @@ import numpy as np
 
 from . import _scope
 from ._borrow import Borrow
-from ._errors import NoHostReferenceError, NotAGraphNodeError, ScopeGraphError, ScopeStateError, SignatureError, diagnostic
+from ._errors import (
+    NoHostReferenceError,
+    NotAGraphNodeError,
+    ScopeGraphError,
+    ScopeStateError,
+    SignatureError,
+    diagnostic,
+)
 from ._ops import GraphNode, borrowed_tensor
 from ._scope import RecordedNode, Scope, _State
 from ._tensor import Mut, Tensor
@@ -97,7 +105,7 @@ class Captured(GraphNode):
     (``definition``, set when the region's capture ends), what must stay alive with it (``kept``),
     and the host backend's stand-in (``host``). Not runnable eagerly: it runs inside a graph."""
 
-    __slots__ = ("label_name", "host", "where", "definition", "kept", "writes", "reads", "nodes_captured")
+    __slots__ = ("definition", "host", "kept", "label_name", "nodes_captured", "reads", "where", "writes")
 
     def __init__(
         self,
@@ -215,7 +223,9 @@ def is_capturing(native_stream: Any) -> bool:
     from cuda.bindings import driver
 
     err, status = driver.cuStreamIsCapturing(driver.CUstream(int(native_stream.handle)))
-    return bool(err == driver.CUresult.CUDA_SUCCESS and status != driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE)
+    return bool(
+        err == driver.CUresult.CUDA_SUCCESS and status != driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
+    )
 
 
 def node_types(graph_handle: Any) -> list[str]:
@@ -275,7 +285,10 @@ def _explain(exc: BaseException) -> list[str]:
     if "UNJOINED" in text.upper() or "unjoined" in text:
         notes.append("work was left on another stream: a stream joined the capture and was not joined back")
     if "CAPTURE_UNSUPPORTED" in text.upper() or "not permitted when stream is capturing" in text:
-        notes.append("an allocation or a synchronising call (cudaMalloc, a copy to the host, .item(), sync) was made during capture")
+        notes.append(
+            "an allocation or a synchronising call (cudaMalloc, a copy to the host, .item(), sync) "
+            "was made during capture"
+        )
     if "INVALIDATED" in text.upper() or "invalidated" in text:
         notes.append("the driver invalidated the capture: an earlier call inside the region was not capturable")
     return notes
@@ -301,10 +314,8 @@ class _CoreCapture:
             builder.end_building()
         except Exception as exc:
             _drop_capture_stream(self.backend)
-            try:
+            with contextlib.suppress(Exception):
                 builder.close()
-            except Exception:  # noqa: S110  (the capture has ended; the builder may refuse to close)
-                pass
             raise CaptureError(
                 diagnostic(
                     f"the capture of {what} failed when it ended: {_cause(exc)}",
@@ -322,14 +333,10 @@ class _CoreCapture:
         self.builder = None
         if builder is None:
             return
-        try:
+        with contextlib.suppress(Exception):
             builder.end_building()
-        except Exception:  # noqa: S110  (an invalidated capture ends with an error; it has ended)
-            pass
-        try:
+        with contextlib.suppress(Exception):
             builder.close()
-        except Exception:  # noqa: S110
-            pass
         _drop_capture_stream(self.backend)
 
 
@@ -362,8 +369,11 @@ class _TorchCapture:
             import torch
         except ImportError as exc:
             raise CaptureError(
-                diagnostic(f'{what} uses via="torch", but PyTorch is not installed', [f"opened at {where}"],
-                           help='install torch, or capture with via="cuda" (cuda.core)')
+                diagnostic(
+                    f'{what} uses via="torch", but PyTorch is not installed',
+                    [f"opened at {where}"],
+                    help='install torch, or capture with via="cuda" (cuda.core)',
+                )
             ) from exc
         self.torch = torch
         self.index = index
@@ -389,10 +399,8 @@ class _TorchCapture:
         except BaseException:
             inner = getattr(context, "stream_ctx", None)
             if inner is not None:
-                try:
+                with contextlib.suppress(Exception):
                     inner.__exit__(None, None, None)
-                except Exception:  # noqa: S110
-                    pass
             raise
 
     def end(self, what: str, where: str) -> tuple[GraphDefinition, list[object]]:
@@ -426,15 +434,15 @@ class _TorchCapture:
         holder = GraphDefinition()
         err, _ = driver.cuGraphAddChildGraphNode(holder.handle, None, 0, driver.CUgraph(raw))
         if err != driver.CUresult.CUDA_SUCCESS:
-            raise CaptureError(f"embedding the PyTorch graph of {what} failed: {err.name}\nhelp: report this with the region's code")
+            raise CaptureError(
+                f"embedding the PyTorch graph of {what} failed: {err.name}\nhelp: report this with the region's code"
+            )
         return holder, [self.graph]
 
     def abort(self) -> None:
         if self.context is not None:
-            try:
+            with contextlib.suppress(Exception):
                 self._leave((None, None, None))
-            except Exception:  # noqa: S110  (an invalidated capture ends with an error; it has ended)
-                pass
         self._forget()
 
     def _forget(self) -> None:
@@ -464,7 +472,9 @@ class Region:
     ) -> None:
         self.where = where
         if via not in VIAS:
-            raise SignatureError(f'via={via!r} is not a way of capturing\nhelp: use via="cuda" (cuda.core) or via="torch"')
+            raise SignatureError(
+                f'via={via!r} is not a way of capturing\nhelp: use via="cuda" (cuda.core) or via="torch"'
+            )
         if mode not in MODES:
             raise SignatureError(f"mode={mode!r} is not a capture mode\nhelp: use one of {', '.join(MODES)}")
         self.scope = scope
@@ -602,8 +612,11 @@ class Region:
             raise CaptureError(
                 diagnostic(
                     f"CuPy allocated {size} bytes inside the captured region `{name}`",
-                    [f"opened at {where}", "memory CuPy's pool hands out during capture is not memory scopegraph tracks: "
-                     "the pool would give it to someone else while the graph still writes it"],
+                    [
+                        f"opened at {where}",
+                        "memory CuPy's pool hands out during capture is not memory scopegraph tracks: "
+                        "the pool would give it to someone else while the graph still writes it",
+                    ],
                     help="allocate before the scope and pass out= (or write into a declared array)",
                 )
             )

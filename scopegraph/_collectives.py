@@ -100,7 +100,8 @@ class Communicator:
         self._closed = False
 
     def __repr__(self) -> str:
-        return f"<Communicator #{self.id}: rank {self.rank} of {self.world_size} on {self.device}, {self.bootstrap.kind} bootstrap>"
+        where = f"rank {self.rank} of {self.world_size} on {self.device}"
+        return f"<Communicator #{self.id}: {where}, {self.bootstrap.kind} bootstrap>"
 
     # -- ops --------------------------------------------------------------------------------
 
@@ -152,9 +153,7 @@ class Communicator:
             notes += [f"rank {r} is at: {p[0]}" for r, p in enumerate(programs)]
         else:
             longest = max(len(p[1]) for p in programs)
-            first = next(
-                i for i in range(longest) if len({p[1][i] if i < len(p[1]) else None for p in programs}) > 1
-            )
+            first = next(i for i in range(longest) if len({p[1][i] if i < len(p[1]) else None for p in programs}) > 1)
             notes.append(f"collective #{first} differs:")
             notes += [
                 f"rank {r}: {p[1][first] if first < len(p[1]) else '(nothing: it recorded ' + str(len(p[1])) + ')'}"
@@ -193,7 +192,10 @@ class Communicator:
             try:
                 self._nccl = nccl.Communicator.init(self.world_size, self.rank, nccl.UniqueId.from_bytes(uid))
             except Exception as exc:
-                raise DistributedError(f"rank {self.rank}: NCCL could not make a communicator: {exc}\nhelp: see NCCL_DEBUG=INFO") from exc
+                raise DistributedError(
+                    f"rank {self.rank}: NCCL could not make a communicator: {exc}\nhelp: see NCCL_DEBUG=INFO"
+                ) from exc
+            backend.core.set_current()  # whatever NCCL's set-up made current, this rank's device is current again
         return self._nccl
 
     def close(self) -> None:
@@ -207,7 +209,9 @@ class Communicator:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise DistributedError(f"communicator #{self.id} is closed\nhelp: make a new one with sg.init_distributed()")
+            raise DistributedError(
+                f"communicator #{self.id} is closed\nhelp: make a new one with sg.init_distributed()"
+            )
 
     def __enter__(self) -> Communicator:
         return self
@@ -236,13 +240,15 @@ class Collective(Captured):
     """One collective of one communicator: a captured child-graph node in a graph, a NCCL call
     (or, on the host backend, an exchange over the bootstrap) when run eagerly."""
 
-    __slots__ = ("comm", "kind", "dst", "src", "op", "root")
+    __slots__ = ("comm", "dst", "kind", "op", "root", "src")
 
     def __init__(
         self, comm: Communicator, kind: str, dst: Mut[Tensor], src: Tensor | None, op: str = "sum", root: int = 0
     ) -> None:
         if not isinstance(comm, Communicator):
-            raise SignatureError(f"`{kind}` needs a Communicator, not {type(comm).__name__}\nhelp: comm = sg.init_distributed()")
+            raise SignatureError(
+                f"`{kind}` needs a Communicator, not {type(comm).__name__}\nhelp: comm = sg.init_distributed()"
+            )
         comm._check_open()
         global _made
         _made = True
@@ -254,7 +260,9 @@ class Collective(Captured):
             raise SignatureError(f"`{kind}`: op={op!r} is not a reduction\nhelp: use one of {', '.join(REDUCTIONS)}")
         self.op = op
         if isinstance(root, bool) or not isinstance(root, (int, np.integer)) or not 0 <= root < comm.world_size:
-            raise SignatureError(f"`{kind}`: root={root!r} is not a rank of {comm.world_size}\nhelp: pass 0..{comm.world_size - 1}")
+            raise SignatureError(
+                f"`{kind}`: root={root!r} is not a rank of {comm.world_size}\nhelp: pass 0..{comm.world_size - 1}"
+            )
         self.root = int(root)
         self._check_sizes()
         self.label_name = kind
@@ -289,7 +297,9 @@ class Collective(Captured):
                 f"`{self.kind}` cannot move {dst.dtype.name} data\nhelp: use one of {', '.join(_SUPPORTED)}"
             )
         if self.op == "avg" and dst.dtype.numpy.kind != "f":
-            raise SignatureError(f"`{self.kind}`: op='avg' needs a floating-point dtype, not {dst.dtype.name}\nhelp: use 'sum'")
+            raise SignatureError(
+                f"`{self.kind}`: op='avg' needs a floating-point dtype, not {dst.dtype.name}\nhelp: use 'sum'"
+            )
         want = {"all_reduce": src.size, "broadcast": src.size, "all_gather": n * src.size}.get(self.kind)
         if self.kind == "reduce_scatter":
             ok, rule = src.size == n * dst.size, f"`src` needs world_size * dst.size = {n * dst.size} elements"
@@ -299,7 +309,11 @@ class Collective(Captured):
             raise SignatureError(
                 diagnostic(
                     f"`{self.kind}` sizes do not fit a world of {n}",
-                    [f"`dst` is `{dst.name}`: {dst.size} elements", f"`src` is `{src.name}`: {src.size} elements", rule],
+                    [
+                        f"`dst` is `{dst.name}`: {dst.size} elements",
+                        f"`src` is `{src.name}`: {src.size} elements",
+                        rule,
+                    ],
                     help="size the buffers for comm.world_size ranks",
                 )
             )
@@ -310,7 +324,9 @@ class Collective(Captured):
 
     def label(self) -> str:
         src = "" if self.src is self.dst else f", {self.src.name}"
-        extra = f", root={self.root}" if self.kind == "broadcast" else (f", {self.op}" if self.kind != "all_gather" else "")
+        extra = (
+            f", root={self.root}" if self.kind == "broadcast" else (f", {self.op}" if self.kind != "all_gather" else "")
+        )
         return f"{self.kind}(mut {self.dst.name}{src}{extra}) on comm{self.comm.id}"
 
     def signature(self) -> str:
@@ -362,9 +378,34 @@ class Collective(Captured):
     # -- CUDA backend -------------------------------------------------------------------------
 
     def _issue(self, stream: Any) -> None:
-        """The nccl4py call, on a cuda.core stream or graph builder."""
+        """The NCCL call on a cuda.core stream or graph builder (both give ``__cuda_stream__``).
+
+        Through nccl4py's low-level bindings with explicit pointers, counts and dtype, on the
+        communicator's own handle: the Communicator methods infer each buffer's device from the
+        pointer, and on a second GPU that inference reported device 0 for scopegraph's (memory-pool)
+        allocations, so they refused valid buffers. nccl4py 0.6's methods make exactly these calls
+        after their checks; scopegraph has made its own (sizes, dtypes, devices) when the op was built."""
         nccl = importlib.import_module("nccl.core")
         comm = self.comm.nccl()
+        handle = getattr(comm, "_comm", None)
+        if handle is None:  # another nccl4py: its public calls, with the pointers as CUDA array interfaces
+            self._issue_public(nccl, comm, stream)
+            return
+        low = importlib.import_module("nccl.bindings.nccl")
+        stream_ptr = int(stream.__cuda_stream__()[1])
+        dtype = int(nccl.NcclDataType.from_numpy_dtype(self.dst.dtype.numpy))
+        reduction = int(getattr(nccl, self.op.upper()))
+        src, dst = self.src.data_ptr, self.dst.data_ptr
+        if self.kind == "all_reduce":
+            low.all_reduce(src, dst, self.src.size, dtype, reduction, handle, stream_ptr)
+        elif self.kind == "all_gather":
+            low.all_gather(src, dst, self.src.size, dtype, handle, stream_ptr)
+        elif self.kind == "reduce_scatter":
+            low.reduce_scatter(src, dst, self.dst.size, dtype, reduction, handle, stream_ptr)
+        else:
+            low.broadcast(src, dst, self.dst.size, dtype, self.root, handle, stream_ptr)
+
+    def _issue_public(self, nccl: Any, comm: Any, stream: Any) -> None:
         dst, src = _Cai(self.dst), (_Cai(self.src) if self.src is not self.dst else None)
         reduction = getattr(nccl, self.op.upper())
         if self.kind == "all_reduce":
@@ -458,7 +499,10 @@ _scope.finishing.append(check_recorded)
 
 
 def init_distributed(
-    dev: Device | str | None = None, bootstrap: Bootstrap | str | None = None, check_eager: bool = True, timeout: float | None = None
+    dev: Device | str | None = None,
+    bootstrap: Bootstrap | str | None = None,
+    check_eager: bool = True,
+    timeout: float | None = None,
 ) -> Communicator:
     """This process's Communicator, from the launcher's environment (torchrun, mpirun, or
     RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT): see ``scopegraph._bootstrap``.
@@ -467,7 +511,9 @@ def init_distributed(
     and ``SCOPEGRAPH_DEVICE`` does not say otherwise, else the host backend. A bare ``"cuda"`` also
     means this rank's GPU."""
     boot = bootstrap if bootstrap is not None and not isinstance(bootstrap, str) else from_env(bootstrap, timeout)
-    spec = dev if dev is not None else os.environ.get("SCOPEGRAPH_DEVICE") or ("cuda" if cuda_device_count() else "host")
+    spec = (
+        dev if dev is not None else os.environ.get("SCOPEGRAPH_DEVICE") or ("cuda" if cuda_device_count() else "host")
+    )
     if isinstance(spec, str) and spec.strip().lower() == "cuda":
         local = int(os.environ.get("LOCAL_RANK", boot.rank))
         count = cuda_device_count()
@@ -498,4 +544,3 @@ def reduce_scatter(dst: Mut[Tensor], src: Tensor, comm: Communicator, op: str = 
 def broadcast(dst: Mut[Tensor], comm: Communicator, root: int = 0, src: Tensor | None = None) -> Collective:
     """``comm.broadcast(dst, root, src)``."""
     return Collective(comm, "broadcast", dst, src, root=root)
-

@@ -41,11 +41,21 @@ def foreign_scale(region: sg.Region, out: sg.Tensor, x: sg.Tensor, a: float) -> 
 
     n = x.size
     kernel = _foreign_kernel(f"sm_{Device(out.device.index).arch}")
-    launch(region.stream, LaunchConfig(grid=(n + 255) // 256, block=256), kernel, out.data_ptr, x.data_ptr, np.float32(a), np.int32(n))
+    launch(
+        region.stream,
+        LaunchConfig(grid=(n + 255) // 256, block=256),
+        kernel,
+        out.data_ptr,
+        x.data_ptr,
+        np.float32(a),
+        np.int32(n),
+    )
 
 
 def scale_region(s: sg.Scope, out: sg.Tensor, x: sg.Tensor, a: float, name: str = "scale") -> sg.Region:
-    with s.capture(reads=[x], writes=[out.mut()], name=name, host=lambda o, i: np.multiply(i, np.float32(a), out=o)) as region:
+    with s.capture(
+        reads=[x], writes=[out.mut()], name=name, host=lambda o, i: np.multiply(i, np.float32(a), out=o)
+    ) as region:
         if region.capturing:
             foreign_scale(region, out, x, a)
     return region
@@ -70,7 +80,13 @@ def test_a_region_is_one_node_ordered_by_its_borrows(sg_stream: sg.Stream) -> No
     graph = s.graph
     assert region.node is not None and region.node.index == 2
     nodes = graph.nodes
-    assert [type(n.op).__name__ for n in nodes] == ["Memcpy", "KernelLaunch", "Captured", "KernelLaunch", "KernelLaunch"]
+    assert [type(n.op).__name__ for n in nodes] == [
+        "Memcpy",
+        "KernelLaunch",
+        "Captured",
+        "KernelLaunch",
+        "KernelLaunch",
+    ]
     assert nodes[2].deps == {1}
     assert 2 in nodes[3].deps and 2 in nodes[4].deps | set().union(*(nodes[d].deps for d in nodes[4].deps))
     assert "capture:scale(mut mid, a)" in graph.to_dot()
@@ -139,7 +155,7 @@ def test_refusals_around_the_region(sg_stream: sg.Stream) -> None:
             s.capture(writes=[y.mut()], host=host, mode="loose")
         region = s.capture(reads=[x], writes=[y.mut()], host=host, name="copy")
         with region:
-            with pytest.raises(sg.ScopeStateError, match="while the captured region opened at .* is open"):
+            with pytest.raises(sg.ScopeStateError, match=r"while the captured region opened at .* is open"):
                 s.record(library.fill_op(x.mut(), 1.0))
             with pytest.raises(sg.ScopeStateError, match="while the captured region"):
                 s.capture(writes=[x.mut()], host=host).__enter__()
@@ -153,7 +169,7 @@ def test_refusals_around_the_region(sg_stream: sg.Stream) -> None:
     with pytest.raises(sg.ScopeStateError, match="finished"):
         s.capture(writes=[x.mut()], host=host).__enter__()
     graph = s.graph
-    with pytest.raises(sg.SignatureError, match="cannot rebind node 0 .*capture:copy"):
+    with pytest.raises(sg.SignatureError, match=r"cannot rebind node 0 .*capture:copy"):
         graph.rebind({x: dev.zeros((64,), name="x2")})
     graph.close()
     assert_stream_usable(sg_stream)
@@ -164,9 +180,8 @@ def test_an_error_inside_the_region_leaves_the_scope_and_stream_usable(sg_stream
     x, y = dev.full((64,), 2.0, name="x"), dev.zeros((64,), name="y")
     expected: type[Exception] = sg.CaptureError if dev.is_cuda else ValueError
     with CudaGraph.scope(sg_stream) as s:
-        with pytest.raises(expected) as info:
-            with s.capture(reads=[x], writes=[y.mut()], host=np.copyto):
-                raise ValueError("the library failed")
+        with pytest.raises(expected) as info, s.capture(reads=[x], writes=[y.mut()], host=np.copyto):
+            raise ValueError("the library failed")
         if dev.is_cuda:
             assert "the capture of captured region `capture` failed: ValueError: the library failed" in str(info.value)
         assert s.nodes == ()  # the region was not recorded
@@ -206,9 +221,8 @@ def test_the_host_callable_gets_writable_writes_and_read_only_reads() -> None:
         seen.extend((v.shape, bool(v.flags.writeable)) for v in (c, a, b))
         np.matmul(a, b, out=c)
 
-    with CudaGraph.scope(stream) as s:
-        with s.capture(reads=[a, b], writes=[c.mut()], host=gemm, name="gemm"):
-            pass
+    with CudaGraph.scope(stream) as s, s.capture(reads=[a, b], writes=[c.mut()], host=gemm, name="gemm"):
+        pass
     with s.graph as graph:
         graph.launch()
         assert seen == [((2, 4), True), ((2, 3), False), ((3, 4), False)]
@@ -259,9 +273,9 @@ def test_cupy_kernel_between_scopegraph_kernels() -> None:
     square_plus(cx, cout)  # compiled before the scope
     with CudaGraph.scope(stream) as s:
         s.record(library.add_scalar_op(x.mut(), 1.0))
-        with s.capture(reads=[x], writes=[out.mut()], name="square_plus") as region:
-            with cupy.cuda.ExternalStream(region.handle):
-                square_plus(cx, cout)
+        region = s.capture(reads=[x], writes=[out.mut()], name="square_plus")
+        with region, cupy.cuda.ExternalStream(region.handle):
+            square_plus(cx, cout)
         s.record(library.add_scalar_op(out.mut(), 0.5))
     with s.graph as graph:
         for step in range(1, 3):
@@ -277,10 +291,9 @@ def _refused(stream: sg.Stream, body: Any, match: str, via: str = "cuda", views:
     dev = stream.device
     x, y = dev.full((1024,), 2.0, name="x"), dev.zeros((1024,), name="y")
     extra = views(x, y) if views is not None else ()
-    with pytest.raises(sg.CaptureError, match=match):
-        with CudaGraph.scope(stream) as s:
-            with s.capture(reads=[x], writes=[y.mut()], via=via, name="bad") as region:
-                body(region, x, y, *extra)
+    with pytest.raises(sg.CaptureError, match=match), CudaGraph.scope(stream) as s:  # noqa: SIM117 (the region needs s)
+        with s.capture(reads=[x], writes=[y.mut()], via=via, name="bad") as region:
+            body(region, x, y, *extra)
     from scopegraph._capture import capture_stream
 
     assert not is_capturing(capture_stream(dev.backend))
@@ -296,7 +309,12 @@ def test_cupy_allocation_during_capture_is_refused() -> None:
         with cupy.cuda.ExternalStream(region.handle):
             cx * 2  # a new array: CuPy allocates
 
-    _refused(stream, body, "CuPy allocated 4096 bytes inside the captured region `bad`", views=lambda x, y: (cupy.from_dlpack(x),))
+    _refused(
+        stream,
+        body,
+        "CuPy allocated 4096 bytes inside the captured region `bad`",
+        views=lambda x, y: (cupy.from_dlpack(x),),
+    )
 
 
 @pytest.mark.cuda
@@ -308,8 +326,13 @@ def test_torch_allocation_during_capture_is_refused() -> None:
     def body(region: sg.Region, x: sg.Tensor, y: sg.Tensor, tx: Any) -> None:
         kept.append(tx * 2)  # a new tensor that outlives the region
 
-    _refused(stream, body, "allocated .* bytes during capture that are still in use", via="torch",
-             views=lambda x, y: (torch.from_dlpack(x),))
+    _refused(
+        stream,
+        body,
+        "allocated .* bytes during capture that are still in use",
+        via="torch",
+        views=lambda x, y: (torch.from_dlpack(x),),
+    )
 
 
 @pytest.mark.cuda
@@ -321,7 +344,13 @@ def test_a_capture_that_fails_is_refused() -> None:
         ty.add_(1.0)
         ty.sum().item()  # a copy to the host: not capturable
 
-    _refused(stream, body, "the capture of captured region `bad` failed", via="torch", views=lambda x, y: (torch.from_dlpack(y),))
+    _refused(
+        stream,
+        body,
+        "the capture of captured region `bad` failed",
+        via="torch",
+        views=lambda x, y: (torch.from_dlpack(y),),
+    )
 
 
 @pytest.mark.cuda

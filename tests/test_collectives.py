@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -29,7 +30,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run_ranks(args: list[str], n: int = 2, timeout: float = 120, env: dict[str, str] | None = None) -> list[subprocess.CompletedProcess[str]]:
+def run_ranks(
+    args: list[str], n: int = 2, timeout: float = 120, env: dict[str, str] | None = None
+) -> list[subprocess.CompletedProcess[str]]:
     """Start ``n`` processes of ``python args`` as torchrun would (RANK, WORLD_SIZE, MASTER_*), on
     the host backend with the socket bootstrap; wait for all of them."""
     port = str(free_port())
@@ -69,7 +72,10 @@ def test_a_two_process_program_on_the_host_backend() -> None:
         out = done.stdout
         assert f"rank {r}: ALL OK" in out
         assert f"rank {r}: graph replay 2: all_gather: ok" in out
-        assert f"rank {r}: recorded mismatch caught: rank {r} of 2: the ranks disagree on the collectives of the recorded graph" in out
+        assert (
+            f"rank {r}: recorded mismatch caught: rank {r} of 2: "
+            "the ranks disagree on the collectives of the recorded graph" in out
+        )
         assert f"rank {r}: eager mismatch caught" in out
         assert "all_reduce(mut total, h, sum) on comm0" in out
 
@@ -100,7 +106,9 @@ def test_a_rank_that_dies_is_an_error_not_a_hang(tmp_path: Path) -> None:
 
 
 def test_the_tensor_parallel_demo_matches_the_single_model() -> None:
-    ranks = run_ranks(["-m", "scopegraph", "demo", "--device", "host", "--gpus", "2", "--d", "64", "--layers", "2", "--tokens", "4"])
+    ranks = run_ranks(
+        ["-m", "scopegraph", "demo", "--device", "host", "--gpus", "2", "--d", "64", "--layers", "2", "--tokens", "4"]
+    )
     for r, done in enumerate(ranks):
         assert done.returncode == 0, f"rank {r}:\n{done.stdout}\n{done.stderr}"
     out = ranks[0].stdout
@@ -111,8 +119,13 @@ def test_the_tensor_parallel_demo_matches_the_single_model() -> None:
 
 
 def test_the_demo_refuses_a_wrong_process_count() -> None:
-    done = subprocess.run([sys.executable, "-m", "scopegraph", "demo", "--device", "host", "--gpus", "2"],
-                          capture_output=True, text=True, timeout=60, env={**os.environ, "SCOPEGRAPH_BOOTSTRAP": "single"})
+    done = subprocess.run(
+        [sys.executable, "-m", "scopegraph", "demo", "--device", "host", "--gpus", "2"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "SCOPEGRAPH_BOOTSTRAP": "single"},
+    )
     assert done.returncode == 2
     assert "--gpus 2 needs 2 processes" in done.stderr and "torchrun --nproc-per-node 2" in done.stderr
 
@@ -190,10 +203,9 @@ def test_a_collective_in_a_loop_body_is_refused() -> None:
     comm = one_rank()
     dev = comm.device
     flag, x = dev.zeros((1,), sg.i32, name="flag"), dev.zeros((4,), name="x")
-    with CudaGraph.scope(dev.stream()) as s:
-        with s.while_(flag) as body:
-            with pytest.raises(sg.NotAGraphNodeError, match="cannot record `all_reduce`"):
-                body.record(comm.all_reduce(x.mut()))
+    with CudaGraph.scope(dev.stream()) as s, s.while_(flag) as body:  # noqa: SIM117
+        with pytest.raises(sg.NotAGraphNodeError, match="cannot record `all_reduce`"):
+            body.record(comm.all_reduce(x.mut()))
 
 
 def test_socket_bootstrap_times_out_without_peers() -> None:
@@ -215,10 +227,72 @@ def test_a_two_process_program_on_two_gpus() -> None:
     env = {**os.environ, "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
     env.pop("SCOPEGRAPH_DEVICE", None)
     done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()), str(PROGRAM)],
-        capture_output=True, text=True, timeout=300, cwd=ROOT, env=env,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            str(free_port()),
+            str(PROGRAM),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env=env,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     for r in range(2):
         assert f"rank {r}: ALL OK" in done.stdout
         assert f"rank {r} of 2 on cuda:{r} (torch bootstrap)" in done.stdout
+
+
+def test_nccl_calls_carry_pointers_counts_and_dtypes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The NCCL calls a collective makes (checked here with stand-ins for nccl4py, so CI covers them):
+    nccl4py's low-level bindings with each buffer's address, NCCL's count, dtype and reduction, the
+    communicator's handle and the stream's."""
+    import enum
+    import types
+
+    calls: list[tuple[object, ...]] = []
+    low = types.ModuleType("nccl.bindings.nccl")
+    for name in ("all_reduce", "all_gather", "reduce_scatter", "broadcast"):
+        setattr(low, name, lambda *args, _n=name: calls.append((_n, *args)))
+
+    class DataType(enum.IntEnum):
+        FLOAT32 = 7
+        INT32 = 2
+
+        @classmethod
+        def from_numpy_dtype(cls, dtype: np.dtype[Any]) -> DataType:
+            return {"float32": cls.FLOAT32, "int32": cls.INT32}[dtype.name]
+
+    core = types.ModuleType("nccl.core")
+    core.NcclDataType = DataType  # type: ignore[attr-defined]
+    core.SUM, core.PROD, core.MAX, core.MIN, core.AVG = 0, 1, 2, 3, 4  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "nccl.core", core)
+    monkeypatch.setitem(sys.modules, "nccl.bindings.nccl", low)
+
+    class Stream:
+        def __cuda_stream__(self) -> tuple[int, int]:
+            return (0, 0xABC)
+
+    comm = one_rank()
+    comm._nccl = types.SimpleNamespace(_comm="HANDLE")
+    dev = comm.device
+    x, y = dev.zeros((6,), name="x"), dev.zeros((6,), sg.i32, name="y")
+    src, out = dev.zeros((6,), name="src"), dev.zeros((6,), name="out")
+    comm.all_reduce(x.mut(), op="max")._issue(Stream())
+    comm.all_reduce(y.mut())._issue(Stream())
+    comm.all_gather(out.mut(), src)._issue(Stream())
+    comm.reduce_scatter(out.mut(), src, op="avg")._issue(Stream())
+    comm.broadcast(out.mut(), root=0, src=src)._issue(Stream())
+    assert calls == [
+        ("all_reduce", x.data_ptr, x.data_ptr, 6, 7, 2, "HANDLE", 0xABC),
+        ("all_reduce", y.data_ptr, y.data_ptr, 6, 2, 0, "HANDLE", 0xABC),
+        ("all_gather", src.data_ptr, out.data_ptr, 6, 7, "HANDLE", 0xABC),
+        ("reduce_scatter", src.data_ptr, out.data_ptr, 6, 7, 4, "HANDLE", 0xABC),
+        ("broadcast", src.data_ptr, out.data_ptr, 6, 7, 0, "HANDLE", 0xABC),
+    ]

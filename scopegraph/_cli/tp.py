@@ -23,8 +23,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from .. import Communicator, CudaGraph, GraphNode, Stream, library, memcpy
-from .. import init_distributed
+from .. import Communicator, CudaGraph, GraphNode, Stream, init_distributed, library, memcpy
 from .progress import timed_loop
 from .seed_model import Config, LayerStack, make_weights, reference_forward, relative_error
 
@@ -155,16 +154,22 @@ def measure(comm: Communicator, cfg: Config, tokens: int, check_tokens: int = 8,
         err_graph, err_eager = relative_error(replayed, want), relative_error(eager, want)
         err_ref = relative_error(replayed, reference_forward(model.host_weights, x0, cfg.eps, check_tokens))
         single_ops = single.ops()
-        single_eager_s = timed_loop("1 GPU eager", max(4, tokens // 8), lambda: single.run_eager(stream, single_ops),
-                                    stream.sync, out=log)
+        single_eager_s = timed_loop(
+            "1 GPU eager", max(4, tokens // 8), lambda: single.run_eager(stream, single_ops), stream.sync, out=log
+        )
         single_graph_s = timed_loop("1 GPU graph", tokens, one.launch, one.sync, out=log)
         one.close()
     comm.barrier()  # the other ranks wait while rank 0 runs the single-GPU model alone
 
     checked, comm.check_eager = comm.check_eager, False  # timing: no bootstrap round trip per eager collective
     try:
-        tp_eager_s = timed_loop(f"{comm.world_size} ranks eager", max(4, tokens // 8), lambda: model.run_eager(stream, ops),
-                                stream.sync, out=log)
+        tp_eager_s = timed_loop(
+            f"{comm.world_size} ranks eager",
+            max(4, tokens // 8),
+            lambda: model.run_eager(stream, ops),
+            stream.sync,
+            out=log,
+        )
     finally:
         comm.check_eager = checked
     tp_graph_s = timed_loop(f"{comm.world_size} ranks graph", tokens, graph.launch, graph.sync, out=log)
@@ -172,9 +177,18 @@ def measure(comm: Communicator, cfg: Config, tokens: int, check_tokens: int = 8,
     graph.close()
     comm.barrier()
     return Figures(
-        comm.world_size, cfg.d, cfg.n_layers, tokens, nodes, err_graph, err_eager, err_ref,
-        1 / tp_eager_s, 1 / tp_graph_s,
-        None if single_eager_s is None else 1 / single_eager_s, None if single_graph_s is None else 1 / single_graph_s,
+        comm.world_size,
+        cfg.d,
+        cfg.n_layers,
+        tokens,
+        nodes,
+        err_graph,
+        err_eager,
+        err_ref,
+        1 / tp_eager_s,
+        1 / tp_graph_s,
+        None if single_eager_s is None else 1 / single_eager_s,
+        None if single_graph_s is None else 1 / single_graph_s,
     )
 
 
@@ -213,11 +227,16 @@ def demo(spec: str | None, tokens: int | None, d: int | None, n_layers: int | No
         cfg = Config(d=d or (256 if host else 2048), n_layers=n_layers or 22)
         tokens = tokens or (32 if host else 512)
         if comm.rank == 0:
-            print(f"scopegraph demo, tensor parallel over {comm.world_size} ranks ({comm.bootstrap.kind} bootstrap, "
-                  f"rank 0 on {dev}): {cfg.n_layers} layers, d={cfg.d}; column-parallel Q, row-parallel O, "
-                  "one all-reduce a layer, each rank's forward pass one graph")
+            print(
+                f"scopegraph demo, tensor parallel over {comm.world_size} ranks ({comm.bootstrap.kind} bootstrap, "
+                f"rank 0 on {dev}): {cfg.n_layers} layers, d={cfg.d}; column-parallel Q, row-parallel O, "
+                "one all-reduce a layer, each rank's forward pass one graph"
+            )
             if host:
-                print("  host backend: numpy stands in for the GPUs and the bootstrap for NCCL, so the timings mean nothing")
+                print(
+                    "  host backend: numpy stands in for the GPUs and the bootstrap for NCCL, "
+                    "so the timings mean nothing"
+                )
         figures = measure(comm, cfg, tokens)
         if comm.rank == 0:
             for line in report(figures):

@@ -39,8 +39,11 @@ def main(out_dir: Path, spec: str | None, quick: bool, gpus: int) -> int:
     try:
         if comm.world_size != gpus:
             if comm.rank == 0:
-                print(f"scopegraph bench: --gpus {gpus} needs {gpus} processes, this program has {comm.world_size}\n"
-                      f"help: run `torchrun --nproc-per-node {gpus} -m scopegraph bench --gpus {gpus}`", file=sys.stderr)
+                print(
+                    f"scopegraph bench: --gpus {gpus} needs {gpus} processes, this program has {comm.world_size}\n"
+                    f"help: run `torchrun --nproc-per-node {gpus} -m scopegraph bench --gpus {gpus}`",
+                    file=sys.stderr,
+                )
             return 2
         dev = comm.device
         sizes = [(256, 4)] if dev.is_host else ([(2048, 22)] if quick else [(512, 22), (2048, 22)])
@@ -50,7 +53,12 @@ def main(out_dir: Path, spec: str | None, quick: bool, gpus: int) -> int:
             f = measure(comm, Config(d=d, n_layers=layers), tokens)
             rows.append(asdict(f))
         if comm.rank == 0:
-            result = {"environment": environment(dev), "world": comm.world_size, "bootstrap": comm.bootstrap.kind, "rows": rows}
+            result = {
+                "environment": environment(dev),
+                "world": comm.world_size,
+                "bootstrap": comm.bootstrap.kind,
+                "rows": rows,
+            }
             out_dir.mkdir(parents=True, exist_ok=True)
             (out_dir / "bench-tp.json").write_text(json.dumps(result, indent=2))
             table = "\n".join(format_rows(result)) + "\n"
