@@ -29,7 +29,10 @@ def main() -> None:
     stream = dev.stream()
     rng = np.random.default_rng(0)
     w = dev.from_numpy(np.ones(2048, np.float32), name="w").freeze()
-    pairs = [(dev.from_numpy(rng.standard_normal(2048).astype(np.float32), name=f"a{i}"), dev.zeros((2048,), name=f"b{i}")) for i in range(4)]
+    pairs = [
+        (dev.from_numpy(rng.standard_normal(2048).astype(np.float32), name=f"a{i}"), dev.zeros((2048,), name=f"b{i}"))
+        for i in range(4)
+    ]
     for order in ("dataflow", "program"):
         with build(stream, order, pairs, w) as graph:
             roots = sum(1 for n in graph.nodes if not n.deps)
@@ -40,7 +43,10 @@ def main() -> None:
                 graph.launch()
             graph.sync()
             ms = (time.perf_counter() - t0) / 20 * 1e3
-            print(f"{order:>8}: {len(graph.nodes)} nodes, {roots} root(s), {len(graph.edges)} edges, {ms:.3f} ms per replay")
+            print(
+                f"{order:>8}: {len(graph.nodes)} nodes, {roots} root(s), "
+                f"{len(graph.edges)} edges, {ms:.3f} ms per replay"
+            )
     if dev.is_host:
         print("(host backend: replays run one op at a time, so both orders take the same time)")
 

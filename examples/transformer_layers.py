@@ -32,13 +32,20 @@ class LayerStack:
         d = host_weights[0][0].shape[0]
         self.d = d
         self.weights = [
-            (dev.from_numpy(nw, name=f"norm_w{i}").freeze(), dev.from_numpy(wq, name=f"wq{i}").freeze(),
-             dev.from_numpy(wo, name=f"wo{i}").freeze())
+            (
+                dev.from_numpy(nw, name=f"norm_w{i}").freeze(),
+                dev.from_numpy(wq, name=f"wq{i}").freeze(),
+                dev.from_numpy(wo, name=f"wo{i}").freeze(),
+            )
             for i, (nw, wq, wo) in enumerate(host_weights)
         ]
         self.buffers = [
-            (dev.zeros((1, d), name=f"norm{i}"), dev.zeros((d,), name=f"q{i}"), dev.zeros((d,), name=f"o{i}"),
-             dev.zeros((d,), name=f"residual{i}"))
+            (
+                dev.zeros((1, d), name=f"norm{i}"),
+                dev.zeros((d,), name=f"q{i}"),
+                dev.zeros((d,), name=f"o{i}"),
+                dev.zeros((d,), name=f"residual{i}"),
+            )
             for i in range(len(host_weights))
         ]
         self.hidden = dev.zeros((d,), name="hidden")
@@ -47,7 +54,7 @@ class LayerStack:
         """One forward pass: per layer, exactly the five nodes the seed records."""
         hidden = self.hidden
         ops: list[sg.GraphNode] = []
-        for (norm_w, wq, wo), (norm, q, o, residual) in zip(self.weights, self.buffers):
+        for (norm_w, wq, wo), (norm, q, o, residual) in zip(self.weights, self.buffers, strict=True):
             ops += [
                 library.rms_norm_op(norm.mut(), hidden.view((1, self.d)), norm_w, EPS),  # norm = rms_norm(hidden)
                 library.matvec_op(q.mut(), norm, wq),  # q = wq @ norm
@@ -79,9 +86,11 @@ def make_weights(d: int, layers: int, seed: int = 0) -> list[tuple[NDArray, NDAr
     rng = np.random.default_rng(seed)
     scale = np.float32(1.0 / np.sqrt(d))
     return [
-        ((1.0 + 0.1 * rng.standard_normal(d)).astype(np.float32),
-         rng.standard_normal((d, d), dtype=np.float32) * scale,
-         rng.standard_normal((d, d), dtype=np.float32) * scale)
+        (
+            (1.0 + 0.1 * rng.standard_normal(d)).astype(np.float32),
+            rng.standard_normal((d, d), dtype=np.float32) * scale,
+            rng.standard_normal((d, d), dtype=np.float32) * scale,
+        )
         for _ in range(layers)
     ]
 
@@ -108,9 +117,13 @@ def positive(text: str) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--d", type=positive, default=None, help="model width (default: 2048 on a GPU, 256 on the host)")
+    parser.add_argument(
+        "--d", type=positive, default=None, help="model width (default: 2048 on a GPU, 256 on the host)"
+    )
     parser.add_argument("--layers", type=positive, default=22, help="number of layers (default: 22)")
-    parser.add_argument("--tokens", type=positive, default=None, help="tokens to time (default: 512 on a GPU, 16 on the host)")
+    parser.add_argument(
+        "--tokens", type=positive, default=None, help="tokens to time (default: 512 on a GPU, 16 on the host)"
+    )
     args = parser.parse_args()
     dev = sg.device()
     d = args.d or (2048 if dev.is_cuda else 256)
@@ -119,7 +132,9 @@ def main() -> None:
     stream = dev.stream()
     stack = LayerStack(dev, host_weights)
     model = GraphModel(stack, stream)
-    print(f"{args.layers} layers, d={d}, on {dev}: {len(model.graph.nodes)} graph nodes, {len(model.graph.edges)} edges")
+    print(
+        f"{args.layers} layers, d={d}, on {dev}: {len(model.graph.nodes)} graph nodes, {len(model.graph.edges)} edges"
+    )
 
     rng = np.random.default_rng(1)
     embeddings = [dev.from_numpy(rng.standard_normal(d).astype(np.float32), name=f"token{i}") for i in range(4)]
@@ -142,7 +157,9 @@ def main() -> None:
         model.forward(embeddings[i % len(embeddings)])
     model.graph.sync()
     per_token = (time.perf_counter() - t0) / tokens
-    print(f"{tokens} tokens: {1 / per_token:.0f} tokens/s" + ("  (host backend: not a GPU timing)" if dev.is_host else ""))
+    print(
+        f"{tokens} tokens: {1 / per_token:.0f} tokens/s" + ("  (host backend: not a GPU timing)" if dev.is_host else "")
+    )
     model.graph.close()
 
 

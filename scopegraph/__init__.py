@@ -1,19 +1,19 @@
 """scopegraph: safe, cheap CUDA graphs from Python.
 
-    import scopegraph as sg
-    from scopegraph import CudaGraph
+import scopegraph as sg
+from scopegraph import CudaGraph
 
-    dev = sg.device()
-    stream = dev.stream()
-    with CudaGraph.scope(stream) as s:
-        s.record(sg.memcpy(y.mut(), x))
-    s.graph.launch()
+dev = sg.device()
+stream = dev.stream()
+with CudaGraph.scope(stream) as s:
+    s.record(sg.memcpy(y.mut(), x))
+s.graph.launch()
 """
 
 from . import _interop  # noqa: F401  (registers Tensor.from_dlpack's wrapper)
-from ._control import Body, ControlNode, If, LoopLimitError, While  # also registers s.while_, s.if_, s.if_else
-from ._capture import CaptureError, Captured, Region  # also registers s.capture
 from ._bootstrap import DistributedError
+from ._cache import GraphCache, bucket
+from ._capture import Captured, CaptureError, Region  # also registers s.capture
 from ._collectives import (  # also registers the check that every rank recorded the same collectives
     Collective,
     CollectiveMismatchError,
@@ -24,6 +24,7 @@ from ._collectives import (  # also registers the check that every rank recorded
     init_distributed,
     reduce_scatter,
 )
+from ._control import Body, ControlNode, If, LoopLimitError, While  # also registers s.while_, s.if_, s.if_else
 from ._device import Device, device
 from ._dtypes import (
     DType,
@@ -60,13 +61,11 @@ from ._errors import (
     ScopeStateError,
     SignatureError,
 )
-from ._cache import GraphCache, bucket
 from ._graph import CudaGraph
-from ._params import Param
-from ._scope import RecordedNode
 from ._kernel import Kernel, KernelLaunch, TensorSpec, kernel
 from ._ops import AllocationOp, GraphNode, Join, Memcpy, Memset, Op, dup, empty, from_numpy, full, memcpy, memset, zeros
-from ._scope import Scope
+from ._params import Param
+from ._scope import RecordedNode, Scope
 from ._stream import Stream
 from ._tensor import Mut, Tensor, mut
 from ._version import __version__
@@ -75,24 +74,24 @@ __all__ = [
     "AllocationOp",
     "Body",
     "BorrowError",
+    "BoundsError",
     "CaptureError",
     "Captured",
     "Collective",
     "CollectiveMismatchError",
     "Communicator",
-    "DistributedError",
-    "BoundsError",
     "CompileError",
     "ControlNode",
     "CudaError",
     "CudaGraph",
     "DType",
     "Device",
+    "DistributedError",
     "GraphCache",
     "GraphNode",
     "If",
-    "Kernel",
     "Join",
+    "Kernel",
     "KernelLaunch",
     "LifetimeError",
     "LoopLimitError",

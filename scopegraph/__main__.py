@@ -60,7 +60,7 @@ suites:
             recapture, whole-graph update (into=), node update (sg.Param) and rebind
 """
 
-SUITES = ("launch", "model", "build", "dataflow", "record", "decode", "update")
+SUITES = ("launch", "model", "build", "dataflow", "record", "cpu", "decode", "update")
 
 
 class Formatter(argparse.RawDescriptionHelpFormatter):
@@ -83,41 +83,83 @@ def build_parser(prog: str) -> Parser:
     from ._cli.args import device_spec, positive_int
 
     parser = Parser(prog=prog, description=DESCRIPTION, epilog=EPILOG, formatter_class=Formatter)
-    parser.add_argument("--version", action="version", version=f"scopegraph {__version__}",
-                        help="print scopegraph's version and exit")
+    parser.add_argument(
+        "--version", action="version", version=f"scopegraph {__version__}", help="print scopegraph's version and exit"
+    )
     sub = parser.add_subparsers(dest="command", required=True, title="commands", metavar="COMMAND")
-    device_help = ('where to run: "host" (numpy, no GPU needed), "cuda" or "cuda:N"; default: '
-                   "$SCOPEGRAPH_DEVICE if set, else cuda when a GPU is present, else host")
+    device_help = (
+        'where to run: "host" (numpy, no GPU needed), "cuda" or "cuda:N"; default: '
+        "$SCOPEGRAPH_DEVICE if set, else cuda when a GPU is present, else host"
+    )
 
-    info = sub.add_parser("info", help="print versions, driver, GPUs, the default device and the kernel cache",
-                          description=INFO, formatter_class=Formatter)
+    info = sub.add_parser(
+        "info",
+        help="print versions, driver, GPUs, the default device and the kernel cache",
+        description=INFO,
+        formatter_class=Formatter,
+    )
 
     demo = sub.add_parser(
-        "demo", help="run the seed's layer stack as one graph, validate it, and time it against eager",
-        description=DEMO, formatter_class=Formatter)
+        "demo",
+        help="run the seed's layer stack as one graph, validate it, and time it against eager",
+        description=DEMO,
+        formatter_class=Formatter,
+    )
     demo.add_argument("--device", type=device_spec, default=None, help=device_help)
-    demo.add_argument("--tokens", type=positive_int, default=None, metavar="N",
-                      help="tokens in the timed graph loop (default: 512 on a GPU, 32 on the host)")
-    demo.add_argument("--d", type=positive_int, default=None, metavar="N",
-                      help="model width (default: 2048 on a GPU, 256 on the host)")
-    demo.add_argument("--layers", type=positive_int, default=None, metavar="N",
-                      help="number of layers (default: 22)")
-    demo.add_argument("--gpus", type=positive_int, default=None, metavar="N",
-                      help="split the model over N processes, one GPU each (tensor parallel, NCCL); "
-                      "run under `torchrun --nproc-per-node N`")
+    demo.add_argument(
+        "--tokens",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="tokens in the timed graph loop (default: 512 on a GPU, 32 on the host)",
+    )
+    demo.add_argument(
+        "--d",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="model width (default: 2048 on a GPU, 256 on the host)",
+    )
+    demo.add_argument("--layers", type=positive_int, default=None, metavar="N", help="number of layers (default: 22)")
+    demo.add_argument(
+        "--gpus",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="split the model over N processes, one GPU each (tensor parallel, NCCL); "
+        "run under `torchrun --nproc-per-node N`",
+    )
 
     bench = sub.add_parser(
-        "bench", help="run the benchmarks; writes bench.json, bench.txt and plots",
-        description=BENCH, formatter_class=Formatter)
-    bench.add_argument("--out", type=Path, default=Path("bench-out"), metavar="DIR",
-                       help="directory for bench.json, bench.txt and plots (default: bench-out)")
+        "bench",
+        help="run the benchmarks; writes bench.json, bench.txt and plots",
+        description=BENCH,
+        formatter_class=Formatter,
+    )
+    bench.add_argument(
+        "--out",
+        type=Path,
+        default=Path("bench-out"),
+        metavar="DIR",
+        help="directory for bench.json, bench.txt and plots (default: bench-out)",
+    )
     bench.add_argument("--quick", action="store_true", help="fewer sizes and repeats (for a smoke test)")
-    bench.add_argument("--only", action="append", choices=SUITES, metavar="SUITE",
-                       help=f"run only this suite (repeatable): {', '.join(SUITES)}; default: all")
+    bench.add_argument(
+        "--only",
+        action="append",
+        choices=SUITES,
+        metavar="SUITE",
+        help=f"run only this suite (repeatable): {', '.join(SUITES)}; default: all",
+    )
     bench.add_argument("--device", type=device_spec, default=None, help=device_help)
-    bench.add_argument("--gpus", type=positive_int, default=None, metavar="N",
-                       help="run only the tensor-parallel suite: the seed model over N processes, one GPU each, "
-                       "against 1 GPU; run under `torchrun --nproc-per-node N` (writes DIR/bench-tp.json)")
+    bench.add_argument(
+        "--gpus",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="run only the tensor-parallel suite: the seed model over N processes, one GPU each, "
+        "against 1 GPU; run under `torchrun --nproc-per-node N` (writes DIR/bench-tp.json)",
+    )
     for command in (info, demo, bench):
         command.set_defaults(parser=command)  # so that a refusal after parsing names the command
     return parser
@@ -128,7 +170,9 @@ def _device(parser: Parser, spec: str | None) -> Device:
     try:
         return device(spec)
     except ScopeGraphError as exc:
-        where = "argument --device" if spec is not None else f"SCOPEGRAPH_DEVICE={os.environ.get('SCOPEGRAPH_DEVICE')!r}"
+        where = (
+            "argument --device" if spec is not None else f"SCOPEGRAPH_DEVICE={os.environ.get('SCOPEGRAPH_DEVICE')!r}"
+        )
         reason = str(exc).splitlines()[0]
         root = parser.prog.rsplit(" ", 1)[0]
         hint = f"; `{root} info` lists the GPUs here, or use --device host" if "cuda" in (spec or reason) else ""

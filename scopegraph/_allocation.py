@@ -42,7 +42,7 @@ _allocation_ids = itertools.count(1)
 class Region:
     """Live allocations whose address ranges overlap (transitively), and the span they cover."""
 
-    __slots__ = ("start", "end", "members", "frozen")
+    __slots__ = ("end", "frozen", "members", "start")
 
     def __init__(self, start: int, end: int) -> None:
         self.start = start
@@ -121,23 +121,25 @@ class Allocation:
     """One block of device (or host-backend) memory and the bookkeeping the ownership rules need."""
 
     __slots__ = (
-        "id",
-        "device",
-        "address",
-        "nbytes",
-        "storage",
-        "name",
-        "borrowed",
-        "freed",
-        "pins",
-        "frozen",
-        "region",
-        "users",
-        "release",
         "__weakref__",
+        "address",
+        "borrowed",
+        "device",
+        "freed",
+        "frozen",
+        "id",
+        "name",
+        "nbytes",
+        "pins",
+        "region",
+        "release",
+        "storage",
+        "users",
     )
 
-    def __init__(self, device: Device, nbytes: int, storage: object, address: int, name: str | None, borrowed: bool) -> None:
+    def __init__(
+        self, device: Device, nbytes: int, storage: object, address: int, name: str | None, borrowed: bool
+    ) -> None:
         self.id: Final = next(_allocation_ids)
         self.device: Final = device
         # The device address of byte 0: borrows and dependencies are ranges of addresses.

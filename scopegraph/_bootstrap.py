@@ -201,7 +201,7 @@ class TorchBootstrap:
     def __init__(self, timeout: float | None = None) -> None:
         import datetime
 
-        import torch.distributed as dist
+        dist: Any = importlib.import_module("torch.distributed")  # optional: no torch types needed
 
         self._dist = dist
         if not dist.is_initialized():

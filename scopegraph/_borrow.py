@@ -20,17 +20,18 @@ if TYPE_CHECKING:
     from ._allocation import Allocation
     from ._tensor import Tensor
 
+
 class Borrow:
     """One argument's claim on the device addresses [start, end) of a tensor."""
 
-    __slots__ = ("tensor", "alloc", "start", "end", "mutable", "param")
+    __slots__ = ("alloc", "end", "mutable", "param", "start", "tensor")
 
     def __init__(self, tensor: Tensor, mutable: bool, param: str) -> None:
-        alloc = tensor.allocation
+        alloc = tensor._alloc  # tensor.allocation, without the property call (a hot path)
         self.tensor = tensor
         self.alloc: Allocation = alloc
-        self.start = alloc.address + tensor.offset
-        self.end = self.start + tensor.nbytes
+        self.start = start = alloc.address + tensor.offset
+        self.end = start + tensor.nbytes
         self.mutable = mutable
         self.param = param
 
@@ -73,16 +74,23 @@ def check_frozen(op_name: str, borrows: list[Borrow]) -> None:
 
 def check_borrows(op_name: str, borrows: list[Borrow]) -> None:
     """The in-op rules: live memory, no write to frozen memory, no mutable overlap."""
+    frozen = False
     for b in borrows:
-        if b.alloc.freed:
+        alloc = b.alloc
+        if alloc.freed:
             b.tensor.check_alive()
-    check_frozen(op_name, borrows)
+        if b.mutable and alloc.region.frozen:
+            frozen = True
+    if frozen:  # some region holds frozen bytes: look closer (raises if a write touches them)
+        check_frozen(op_name, borrows)
     n = len(borrows)
-    for i in range(n):
+    for i in range(n - 1):
         a = borrows[i]
+        a_start, a_end, a_mutable = a.start, a.end, a.mutable
         for j in range(i + 1, n):
             b = borrows[j]
-            if (a.mutable or b.mutable) and a.overlaps(b):
+            # The range test first (cheap, and false for most pairs); overlaps() has the rest.
+            if b.start < a_end and a_start < b.end and (a_mutable or b.mutable) and a.overlaps(b):
                 raise _aliasing_error(op_name, a, b)
 
 
@@ -91,7 +99,9 @@ def _aliasing_error(op_name: str, a: Borrow, b: Borrow) -> BorrowError:
     if second.mutable:
         head = f"cannot borrow `{second.tensor.name}` as mutable more than once at a time in `{op_name}`"
     else:
-        head = f"cannot borrow `{second.tensor.name}` as immutable because it is also borrowed as mutable in `{op_name}`"
+        head = (
+            f"cannot borrow `{second.tensor.name}` as immutable because it is also borrowed as mutable in `{op_name}`"
+        )
     notes = [f"mutable borrow: {first.describe()}", f"conflicting borrow: {second.describe()}"]
     if first.alloc is not second.alloc:
         notes.append(

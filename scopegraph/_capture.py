@@ -59,6 +59,7 @@ into a child graph when the scope builds its graph.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import sys
 import threading
 from collections.abc import Callable, Sequence
@@ -366,7 +367,7 @@ class _TorchCapture:
 
     def __init__(self, index: int, mode: str, what: str, where: str) -> None:
         try:
-            import torch
+            torch: Any = importlib.import_module("torch")  # optional: a user's mypy need not see torch
         except ImportError as exc:
             raise CaptureError(
                 diagnostic(

@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from . import _stream
 from ._allocation import Allocation, MemoryMap
 from ._driver import cuda_device_count
 from ._dtypes import DTypeLike, as_dtype, float32
 from ._errors import CudaError, SignatureError
-from . import _stream
 from ._lifetime import track
 from ._ops import _shape
 from ._stream import Stream
@@ -63,7 +63,9 @@ class Device:
 
     # -- eager constructors ---------------------------------------------------------------
 
-    def empty(self, shape: int | tuple[int, ...] | list[int], dtype: DTypeLike = float32, name: str | None = None) -> Tensor:
+    def empty(
+        self, shape: int | tuple[int, ...] | list[int], dtype: DTypeLike = float32, name: str | None = None
+    ) -> Tensor:
         """A new, uninitialised tensor."""
         dims, dt = _shape(shape), as_dtype(dtype)
         nbytes = int(np.prod(dims, dtype=np.int64)) * dt.itemsize
@@ -77,12 +79,18 @@ class Device:
         track(alloc, self.memory)
         return alloc
 
-    def zeros(self, shape: int | tuple[int, ...] | list[int], dtype: DTypeLike = float32, name: str | None = None) -> Tensor:
+    def zeros(
+        self, shape: int | tuple[int, ...] | list[int], dtype: DTypeLike = float32, name: str | None = None
+    ) -> Tensor:
         """A new tensor of zeros."""
         return self.full(shape, 0, dtype, name)
 
     def full(
-        self, shape: int | tuple[int, ...] | list[int], value: float, dtype: DTypeLike = float32, name: str | None = None
+        self,
+        shape: int | tuple[int, ...] | list[int],
+        value: float,
+        dtype: DTypeLike = float32,
+        name: str | None = None,
     ) -> Tensor:
         """A new tensor with every element ``value``."""
         from ._ops import full

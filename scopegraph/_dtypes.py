@@ -47,7 +47,9 @@ class DType:
         if kind == "b":
             if not isinstance(value, (bool, np.bool_)):
                 problem = "sg.bool takes True or False"
-        elif not isinstance(value, (int, float, np.integer, np.floating, np.bool_)) or isinstance(value, (bool, np.bool_)):
+        elif not isinstance(value, (int, float, np.integer, np.floating, np.bool_)) or isinstance(
+            value, (bool, np.bool_)
+        ):
             problem = f"sg.{self.name} takes {'a number' if kind == 'f' else 'an integer'}, not {type(value).__name__}"
         elif kind in "iu":
             if isinstance(value, (float, np.floating)) and not float(value).is_integer():
@@ -94,7 +96,9 @@ _INT_RANGE: dict[str, tuple[int, int]] = {}
 
 ALL_DTYPES = (float16, float32, float64, int8, int16, int32, int64, uint8, uint32, uint64, boolean)
 _BY_NUMPY = {d.numpy: d for d in ALL_DTYPES}
-_INT_RANGE.update({d.name: (int(np.iinfo(d.numpy).min), int(np.iinfo(d.numpy).max)) for d in ALL_DTYPES if d.numpy.kind in "iu"})
+_INT_RANGE.update(
+    {d.name: (int(np.iinfo(d.numpy).min), int(np.iinfo(d.numpy).max)) for d in ALL_DTYPES if d.numpy.kind in "iu"}
+)
 _BY_NAME = {d.name: d for d in ALL_DTYPES} | {str(d.numpy): d for d in ALL_DTYPES}
 
 f16 = Annotated[float, float16]

@@ -15,23 +15,22 @@ from __future__ import annotations
 import itertools
 import threading
 import weakref
-from types import TracebackType
 from collections.abc import Mapping
+from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
 import numpy as np
 
+from ._control import ControlNode
 from ._errors import LifetimeError, NotAGraphNodeError, SignatureError, diagnostic
 from ._lifetime import Pin, order_replay
-from ._control import ControlNode
 from ._ops import GraphNode
 from ._params import ParamTable
 from ._pdl import check_programmatic
-from ._tensor import Tensor
-from ._update import all_borrows, ancestors, check_order, plan_rebind, repin, topology
-
 from ._scope import RecordedNode, Scope, caller
 from ._stream import Stream
+from ._tensor import Tensor
+from ._update import all_borrows, ancestors, check_order, plan_rebind, repin, topology
 
 if TYPE_CHECKING:
     from ._backends._base import Executable
@@ -42,7 +41,9 @@ _graph_ids = itertools.count(1)
 class CudaGraph:
     """An instantiated graph: ``launch()`` replays every recorded op with one driver call."""
 
-    def __init__(self, executable: Executable, nodes: tuple[RecordedNode, ...], stream: Stream, pin: Pin, order: str) -> None:
+    def __init__(
+        self, executable: Executable, nodes: tuple[RecordedNode, ...], stream: Stream, pin: Pin, order: str
+    ) -> None:
         self.id = next(_graph_ids)
         self._exec: Executable | None = executable
         self._nodes = nodes
@@ -82,7 +83,10 @@ class CudaGraph:
         if into is not None:
             _check_into(into, stream)
         if type(pdl) is not bool:
-            raise SignatureError(f"pdl= takes True or False, not {pdl!r}\nhelp: CudaGraph.scope(stream, pdl=False) turns programmatic edges off")
+            raise SignatureError(
+                f"pdl= takes True or False, not {pdl!r}\n"
+                "help: CudaGraph.scope(stream, pdl=False) turns programmatic edges off"
+            )
         scope = Scope(stream, cls, order, caller(1), into)
         scope.pdl = pdl
         return scope

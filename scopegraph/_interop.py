@@ -78,7 +78,7 @@ def _wrap_device(obj: Any, name: str | None, stream: Stream | None) -> Tensor:
     shape = tuple(view.shape)
     strides = view.strides
     expected = tuple(int(np.prod(shape[i + 1 :], dtype=np.int64)) for i in range(len(shape)))
-    if strides is not None and any(s != e for s, e, d in zip(strides, expected, shape) if d != 1):
+    if strides is not None and any(s != e for s, e, d in zip(strides, expected, shape, strict=True) if d != 1):
         raise _not_contiguous(name)
     dev = device(f"cuda:{view.device_id}")
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize

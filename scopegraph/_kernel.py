@@ -17,19 +17,16 @@ import ast
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any, Generic, ParamSpec, get_args, get_origin, get_type_hints
+from typing import Annotated, Any, Generic, ParamSpec, get_args, get_origin, get_type_hints
 
 import numpy as np
 
+from ._borrow import Borrow
 from ._dtypes import DType, as_dtype, dtype_of_annotation
 from ._errors import SignatureError, diagnostic
 from ._ops import GraphNode, borrowed_tensor
-from ._borrow import Borrow
 from ._params import Param
 from ._tensor import Mut, Tensor
-
-if TYPE_CHECKING:
-    from ._stream import Stream
 
 P = ParamSpec("P")
 
@@ -124,19 +121,25 @@ def _dim3(value: object, what: str, kernel_name: str) -> tuple[int, int, int]:
     if type(value) is int and 0 < value <= 1024:  # the common case, in users' inner loops
         return (value, 1, 1)
     dims = value if isinstance(value, tuple) else (value,)
-    if not 1 <= len(dims) <= 3 or any(isinstance(d, (bool, np.bool_)) or not isinstance(d, (int, np.integer)) or d < 1 for d in dims):
+    if not 1 <= len(dims) <= 3 or any(
+        isinstance(d, (bool, np.bool_)) or not isinstance(d, (int, np.integer)) or d < 1 for d in dims
+    ):
         raise SignatureError(
             f"`{kernel_name}` {what} {value!r} is not 1 to 3 positive integers\n"
             f"help: launch as {kernel_name}[grid, block](...) with e.g. grid=(64,) and block=(256,)"
         )
     padded = tuple(int(d) for d in dims) + (1,) * (3 - len(dims))
     limits = MAX_GRID if what == "grid" else MAX_BLOCK
-    for axis, d, limit in zip(_AXES, padded, limits):
+    for axis, d, limit in zip(_AXES, padded, limits, strict=True):
         if d > limit:
             raise SignatureError(
                 f"`{kernel_name}` {what} {value!r}: {what}.{axis} = {d} exceeds the CUDA limit of {limit}\n"
                 f"help: keep {what}.{axis} <= {limit}"
-                + ("; spread the work over more blocks instead" if what == "block" else "; put the extra work in x, or loop in the kernel")
+                + (
+                    "; spread the work over more blocks instead"
+                    if what == "block"
+                    else "; put the extra work in x, or loop in the kernel"
+                )
             )
     if what == "block" and padded[0] * padded[1] * padded[2] > MAX_THREADS_PER_BLOCK:
         raise SignatureError(
@@ -147,7 +150,11 @@ def _dim3(value: object, what: str, kernel_name: str) -> tuple[int, int, int]:
 
 
 def _shared_bytes(value: object, kernel_name: str) -> int:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or not 0 <= value <= MAX_DYNAMIC_SHARED_BYTES:
+    if (
+        isinstance(value, (bool, np.bool_))
+        or not isinstance(value, (int, np.integer))
+        or not 0 <= value <= MAX_DYNAMIC_SHARED_BYTES
+    ):
         raise SignatureError(
             f"`{kernel_name}` dynamic shared memory {value!r} is not 0..{MAX_DYNAMIC_SHARED_BYTES} bytes\n"
             f"help: launch as {kernel_name}[grid, block, shared_bytes] with at most 48 KiB"
@@ -178,17 +185,21 @@ def _parse_touches(touches: Mapping[str, str], params: tuple[KernelParam, ...], 
     tensor_params = {p.name: i for i, p in enumerate(params) if p.kind != "scalar"}
     scalars = [p.name for p in params if p.kind == "scalar"]
     help = (
-        f'map a tensor parameter ({", ".join(tensor_params) or "none declared"}) to an expression of '
+        f"map a tensor parameter ({', '.join(tensor_params) or 'none declared'}) to an expression of "
         f'{", ".join(scalars + list(LAUNCH_NAMES))} with + - * //, e.g. touches={{"out": "n"}}'
     )
     sources = []
     for name, expression in touches.items():
         if name not in tensor_params:
-            raise SignatureError(f"kernel `{kernel_name}`: touches names `{name}`, which is not a tensor parameter\nhelp: {help}")
+            raise SignatureError(
+                f"kernel `{kernel_name}`: touches names `{name}`, which is not a tensor parameter\nhelp: {help}"
+            )
         try:
             tree = ast.parse(str(expression), mode="eval")
         except SyntaxError:
-            raise SignatureError(f"kernel `{kernel_name}`: touches[{name!r}] = {expression!r} is not an expression\nhelp: {help}") from None
+            raise SignatureError(
+                f"kernel `{kernel_name}`: touches[{name!r}] = {expression!r} is not an expression\nhelp: {help}"
+            ) from None
         for node in ast.walk(tree):
             bad = (
                 not isinstance(node, _ALLOWED_NODES)
@@ -196,8 +207,16 @@ def _parse_touches(touches: Mapping[str, str], params: tuple[KernelParam, ...], 
                 or (isinstance(node, ast.Constant) and (type(node.value) is not int))
             )
             if bad:
-                what = f"`{node.id}`" if isinstance(node, ast.Name) else f"`{ast.unparse(node)}`" if isinstance(node, ast.expr) else type(node).__name__
-                raise SignatureError(f"kernel `{kernel_name}`: touches[{name!r}] = {expression!r} uses {what}\nhelp: {help}")
+                what = (
+                    f"`{node.id}`"
+                    if isinstance(node, ast.Name)
+                    else f"`{ast.unparse(node)}`"
+                    if isinstance(node, ast.expr)
+                    else type(node).__name__
+                )
+                raise SignatureError(
+                    f"kernel `{kernel_name}`: touches[{name!r}] = {expression!r} uses {what}\nhelp: {help}"
+                )
         sources.append(ast.unparse(tree))
     # Only names, int constants and + - * // remain: evaluating it runs no other code.
     count = eval(f"lambda {', '.join(scalars + list(LAUNCH_NAMES))}: ({', '.join(sources)},)", {"__builtins__": {}})
@@ -217,10 +236,15 @@ def _check_pdl(pdl: bool, early: tuple[str, ...], params: tuple[KernelParam, ...
             what = "a Mut[Tensor] parameter (written)" if kinds.get(name) == "mut" else "not a tensor parameter"
             raise SignatureError(
                 f"kernel `{kernel_name}`: reads_before_wait names `{name}`, which is {what}\n"
-                f"help: name read-only Tensor parameters ({', '.join(n for n, k in kinds.items() if k == 'shared') or 'none declared'}); "
+                "help: name read-only Tensor parameters ("
+                f"{', '.join(n for n, k in kinds.items() if k == 'shared') or 'none declared'}); "
                 "a PDL kernel writes nothing before it waits"
             )
     return frozenset(early)
+
+
+# Distinct launch shapes remembered per kernel before the cache starts over.
+_LAUNCHER_CACHE = 256
 
 
 class Kernel(Generic[P]):
@@ -249,25 +273,31 @@ class Kernel(Generic[P]):
         self.host_fn = host_fn
         self.params = params if params is not None else _parse_signature(fn, cpp_name)
         # How many elements each launch touches per tensor parameter, checked when a launch is built.
-        self.touches = touches if isinstance(touches, Touches) or touches is None else _parse_touches(touches, self.params, cpp_name)
+        self.touches = (
+            touches
+            if isinstance(touches, Touches) or touches is None
+            else _parse_touches(touches, self.params, cpp_name)
+        )
         # Programmatic dependent launch (DESIGN.md section 7, scopegraph._pdl): the kernel waits
         # (griddepcontrol.wait) before it touches its predecessors' results; before the wait it
         # only reads the read-only parameters named in reads_before_wait (weights).
         self.pdl = pdl
         self.reads_before_wait = _check_pdl(
-            pdl, (reads_before_wait,) if isinstance(reads_before_wait, str) else tuple(reads_before_wait), self.params, cpp_name
+            pdl,
+            (reads_before_wait,) if isinstance(reads_before_wait, str) else tuple(reads_before_wait),
+            self.params,
+            cpp_name,
         )
+        # The C++ expression NVRTC resolves: ``name`` or ``name<args>`` for a template.
+        self.name_expression = cpp_name if not template_args else f"{cpp_name}<{', '.join(template_args)}>"
+        # Launchers by launch shape (checked once per distinct shape; see __getitem__).
+        self._launchers: dict[object, Launcher[P]] = {}
+        # The argument binder generated from the declaration on the first launch (_make_binder).
+        self._binder: Callable[..., None] | None = None
         # Instantiations made by generics(), so each one compiles (and is cached) once.
         self._instances: dict[tuple[str, ...], Kernel[P]] = {}
         # Compiled per device by the CUDA backend: device key -> cuda.core Kernel.
         self.compiled: dict[object, object] = {}
-
-    @property
-    def name_expression(self) -> str:
-        """The C++ expression NVRTC resolves: ``name`` or ``name<args>`` for a template."""
-        if not self.template_args:
-            return self.cpp_name
-        return f"{self.cpp_name}<{', '.join(self.template_args)}>"
 
     def __repr__(self) -> str:
         sig = ", ".join(p.describe() for p in self.params)
@@ -286,20 +316,44 @@ class Kernel(Generic[P]):
         inst = self._instances.get(key)
         if inst is None:
             inst = Kernel(
-                self.__wrapped__, self.source, self.cpp_name, self.options, key, self.host_fn, self.params, self.touches,
-                self.pdl, self.reads_before_wait,
+                self.__wrapped__,
+                self.source,
+                self.cpp_name,
+                self.options,
+                key,
+                self.host_fn,
+                self.params,
+                self.touches,
+                self.pdl,
+                self.reads_before_wait,
             )
             self._instances[key] = inst
         return inst
 
     def __getitem__(self, launch: tuple[Dim, Dim] | tuple[Dim, Dim, int]) -> Callable[P, KernelLaunch]:
+        # A launch shape made only of plain ints (or tuples of them) is checked once and its
+        # Launcher reused. Only exact ints may hit the cache: True == 1.0 == 1 hash alike, and
+        # bools and floats must still be refused by _dim3.
+        plain = type(launch) is tuple and (
+            (len(launch) == 2 and type(launch[0]) is int and type(launch[1]) is int)  # k[blocks, threads]
+            or all(type(d) is int or (type(d) is tuple and all(type(e) is int for e in d)) for d in launch)
+        )
+        if plain:
+            cached = self._launchers.get(launch)
+            if cached is not None:
+                return cached
         if not isinstance(launch, tuple) or len(launch) not in (2, 3):
             raise SignatureError(
                 f"launch `{self.cpp_name}` as {self.cpp_name}[grid, block](...) or [grid, block, shared_bytes]"
             )
         grid = _dim3(launch[0], "grid", self.cpp_name)
         block = _dim3(launch[1], "block", self.cpp_name)
-        return Launcher(self, grid, block, _shared_bytes(launch[2], self.cpp_name) if len(launch) == 3 else 0)
+        launcher = Launcher(self, grid, block, _shared_bytes(launch[2], self.cpp_name) if len(launch) == 3 else 0)
+        if plain:
+            if len(self._launchers) >= _LAUNCHER_CACHE:
+                self._launchers.clear()
+            self._launchers[launch] = launcher
+        return launcher
 
 
 class Launcher(Generic[P]):
@@ -309,7 +363,7 @@ class Launcher(Generic[P]):
     plugin retypes it as ``Launcher[P]`` to name the kernel and check borrows in the call.
     """
 
-    __slots__ = ("kernel", "grid", "block", "shmem")
+    __slots__ = ("block", "grid", "kernel", "shmem")
 
     def __init__(self, kernel: Kernel[P], grid: tuple[int, int, int], block: tuple[int, int, int], shmem: int) -> None:
         self.kernel = kernel
@@ -318,7 +372,20 @@ class Launcher(Generic[P]):
         self.shmem = shmem
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> KernelLaunch:
-        return KernelLaunch(self.kernel, self.grid, self.block, self.shmem, args, kwargs)
+        kernel = self.kernel
+        binder = kernel._binder
+        if kwargs or binder is None or len(args) != len(kernel.params):
+            return KernelLaunch(kernel, self.grid, self.block, self.shmem, args, kwargs)
+        # KernelLaunch.__init__ inlined (the inner loop of eager code and of recording).
+        op = _new_launch(KernelLaunch)
+        op.kernel = kernel
+        op.grid = self.grid
+        op.block = self.block
+        op.shmem = self.shmem
+        op.native = None
+        op.params = _NO_PARAMS
+        binder(op, *args)
+        return op
 
     def __repr__(self) -> str:
         return f"{self.kernel.name_expression}[{self.grid}, {self.block}]"
@@ -363,20 +430,227 @@ def kernel(
 
     def wrap(fn: Callable[P, None]) -> Kernel[P]:
         return Kernel(
-            fn, source, name or fn.__name__, tuple(sorted((options or {}).items())), touches=touches,
-            pdl=pdl, reads_before_wait=reads_before_wait,
+            fn,
+            source,
+            name or fn.__name__,
+            tuple(sorted((options or {}).items())),
+            touches=touches,
+            pdl=pdl,
+            reads_before_wait=reads_before_wait,
         )
 
     return wrap
 
 
 _NO_PARAMS: tuple[tuple[int, Param[Any]], ...] = ()
+_new_launch = object.__new__
+
+
+# Numpy scalars made by the generated binders, by Python value, per scalar parameter: launches
+# repeat the same few sizes, and a dict lookup is a tenth of a numpy conversion. Numpy scalars
+# are immutable, so sharing one is safe. Bounded: a cache starts over past this many values.
+_SCALAR_CACHE = 1024
+
+
+def _make_binder(kernel: Kernel[Any]) -> Callable[..., None]:
+    """The function that checks and binds one launch's arguments, generated once per kernel from
+    its declaration (building an op is the inner loop of eager code and of recording).
+
+    For ``add(out: Mut[Tensor] (dtype f32), a: Tensor (dtype f32), n: sg.i32)`` with
+    ``touches={"out": "n", "a": "n"}`` it reads::
+
+        def bind(op, a0, a1, a2):
+            # out: Mut[Tensor] (dtype f32)
+            if type(a0) is Mut:
+                t0 = a0.tensor
+            else:
+                t0 = borrowed_tensor(a0, True, NAME, 'out', DECLARED)
+            if (t0.dtype is not D0 and t0.dtype != D0):
+                op._spec_error(P0, t0)
+            # a: Tensor (dtype f32)
+            t1 = a1 if isinstance(a1, Tensor) else borrowed_tensor(a1, False, NAME, 'a', DECLARED)
+            if (t1.dtype is not D1 and t1.dtype != D1):
+                op._spec_error(P1, t1)
+            # n: sg.i32
+            if type(a2) is int and LO2 <= a2 <= HI2:
+                v2 = C2.get(a2)
+                if v2 is None:
+                    v2 = cached(C2, a2, S2(a2))
+                x2 = a2
+            else:
+                v2 = op._scalar(P2, a2)
+                x2 = v2.item() if type(v2) is not Param else 0
+            args = op.args = (t0, t1, v2)
+            if op.params:
+                op.params = tuple((i, v) for i, v in enumerate(args) if type(v) is Param)
+                op._check_touches(TOUCHES, op.resolved(None))
+            else:
+                c = COUNT(x2, *op.grid, *op.block)
+                if not (0 <= c[0] and c[0] * 4 <= t0.nbytes and 0 <= c[1] and c[1] * 4 <= t1.nbytes):
+                    op._check_touches(TOUCHES, args)
+            borrows = [Borrow(t0, True, 'out'), Borrow(t1, False, 'a')]
+            b0, b1 = borrows
+            m0 = b0.alloc
+            m1 = b1.alloc
+            device = m0.device
+            if (m1.device is not device or m0.freed or m1.freed or m0.region.frozen
+                    or (b1.start < b0.end and b0.start < b1.end)):
+                op._claim(borrows)
+            else:
+                op.borrows = borrows
+                op.device = device
+
+    Every check and message is the general path's: the fast branches only accept what it
+    accepts (a plain int in range, a float that cannot overflow, borrows that are plainly
+    disjoint, alive, unfrozen and on one device); anything else goes through ``_scalar``,
+    ``borrowed_tensor``, ``_spec_error``, ``_check_touches`` and ``_claim``, which raise where
+    the general path does. The source is built from the parameters' positions and ``repr()`` of
+    their names; everything else it uses comes in through the namespace below (``bind.__doc__``
+    holds the source)."""
+    params = kernel.params
+    n = len(params)
+    touches = kernel.touches
+    # Scalars the touches expressions use get their Python value; the others pass 0 unread.
+    used = (
+        set()
+        if touches is None
+        else {
+            node.id
+            for e in touches.expressions
+            for node in ast.walk(ast.parse(e, mode="eval"))
+            if isinstance(node, ast.Name)
+        }
+    )
+    ns: dict[str, Any] = {
+        "Mut": Mut,
+        "Tensor": Tensor,
+        "Param": Param,
+        "Borrow": Borrow,
+        "borrowed_tensor": borrowed_tensor,
+        "NAME": kernel.name_expression,
+        "DECLARED": f"declared as {kernel!r}",
+        "TOUCHES": kernel.touches,
+        "cached": _cached,
+    }
+    lines = [f"def bind(op{''.join(f', a{i}' for i in range(n))}):"]
+    borrows: list[tuple[int, bool, str]] = []  # (position, mutable, name)
+    scalars: list[str] = []
+    for i, p in enumerate(params):
+        lines.append(f"    # {p.describe()}")
+        ns[f"P{i}"] = p
+        if p.kind == "scalar":
+            dtype = p.dtype
+            assert dtype is not None
+            kind = dtype.numpy.kind
+            ns[f"S{i}"], ns[f"C{i}"] = dtype.numpy.type, {}
+            convert = [
+                f"        v{i} = C{i}.get(a{i})",
+                f"        if v{i} is None:",
+                f"            v{i} = cached(C{i}, a{i}, S{i}(a{i}))",
+            ]
+            if kind in "iu":
+                ns[f"LO{i}"], ns[f"HI{i}"] = (int(np.iinfo(dtype.numpy).min), int(np.iinfo(dtype.numpy).max))
+                lines += [f"    if type(a{i}) is int and LO{i} <= a{i} <= HI{i}:", *convert]
+                lines += [f"        x{i} = a{i}"] if p.name in used else []
+            elif kind == "f":
+                # Any Python float in [-max, max] converts without overflow (DType.scalar's check).
+                # Zero is left to _scalar: 0.0 == -0.0 as dict keys, but the kernel sees their sign.
+                ns[f"HI{i}"] = float(np.finfo(dtype.numpy).max)
+                lines += [f"    if type(a{i}) is float and -HI{i} <= a{i} <= HI{i} and a{i} != 0.0:", *convert]
+                lines += [f"        x{i} = v{i}.item()"] if p.name in used else []
+            else:
+                lines += ["    if False:", "        pass"]
+            lines += ["    else:", f"        v{i} = op._scalar(P{i}, a{i})"]
+            if p.name in used:
+                lines.append(f"        x{i} = v{i}.item() if type(v{i}) is not Param else 0")
+            scalars.append(f"x{i}" if p.name in used else "0")
+            continue
+        mutable = p.kind == "mut"
+        if mutable:
+            lines += [
+                f"    if type(a{i}) is Mut:",
+                f"        t{i} = a{i}.tensor",
+                "    else:",
+                f"        t{i} = borrowed_tensor(a{i}, True, NAME, {p.name!r}, DECLARED)",
+            ]
+        else:
+            shared = f"borrowed_tensor(a{i}, False, NAME, {p.name!r}, DECLARED)"
+            lines.append(f"    t{i} = a{i} if isinstance(a{i}, Tensor) else {shared}")
+        spec = []
+        if p.dtype is not None:
+            ns[f"D{i}"] = p.dtype
+            spec.append(f"(t{i}.dtype is not D{i} and t{i}.dtype != D{i})")
+        if p.rank is not None:
+            spec.append(f"len(t{i}.shape) != {int(p.rank)}")
+        if spec:
+            lines += [f"    if {' or '.join(spec)}:", f"        op._spec_error(P{i}, t{i})"]
+        borrows.append((i, mutable, p.name))
+    values = [f"v{i}" if p.kind == "scalar" else f"t{i}" for i, p in enumerate(params)]
+    lines.append(f"    args = op.args = ({', '.join(values)}{',' if len(values) == 1 else ''})")
+    lines += ["    if op.params:", "        op.params = tuple((i, v) for i, v in enumerate(args) if type(v) is Param)"]
+    if touches is not None:
+        ns["COUNT"] = touches.count
+        fits = []
+        for j, pos in enumerate(touches.params):
+            dtype = params[pos].dtype  # a fixed dtype: compare bytes, without the size property
+            fits.append(
+                f"0 <= c[{j}] <= t{pos}.size"
+                if dtype is None
+                else f"0 <= c[{j}] and c[{j}] * {dtype.itemsize} <= t{pos}.nbytes"
+            )
+        lines += [
+            "        op._check_touches(TOUCHES, op.resolved(None))",
+            "    else:",
+            f"        c = COUNT({''.join(x + ', ' for x in scalars)}*op.grid, *op.block)",
+            f"        if not ({' and '.join(fits)}):",
+            "            op._check_touches(TOUCHES, args)",
+        ]
+    if borrows:
+        k = len(borrows)
+        lines.append(f"    borrows = [{', '.join(f'Borrow(t{i}, {m}, {name!r})' for i, m, name in borrows)}]")
+        lines.append(f"    {', '.join(f'b{j}' for j in range(k))}{',' if k == 1 else ''} = borrows")
+        lines += [f"    m{j} = b{j}.alloc" for j in range(k)]
+        suspicious = [f"m{j}.device is not device" for j in range(1, k)]
+        suspicious += [f"m{j}.freed" for j in range(k)]
+        suspicious += [f"m{j}.region.frozen" for j, (_, m, _) in enumerate(borrows) if m]
+        suspicious += [
+            f"(b{j}.start < b{i}.end and b{i}.start < b{j}.end)"
+            for i in range(k)
+            for j in range(i + 1, k)
+            if borrows[i][1] or borrows[j][1]
+        ]
+        lines += [
+            "    device = m0.device",
+            f"    if {' or '.join(suspicious)}:",
+            "        op._claim(borrows)  # raises, unless a closer look clears it (empty ranges, frozen elsewhere)",
+            "    else:",
+            "        op.borrows = borrows",
+            "        op.device = device",
+        ]
+    else:
+        lines += ["    op.borrows = []", "    op.device = None"]
+    source = "\n".join(lines) + "\n"
+    exec(source, ns)  # built from positions, validated names (repr) and the namespace above
+    bind: Callable[..., None] = ns["bind"]
+    bind.__doc__ = source
+    return bind
+
+
+def _cached(cache: dict[object, np.generic], key: object, value: np.generic) -> np.generic:
+    if len(cache) >= _SCALAR_CACHE:
+        cache.clear()
+    cache[key] = value
+    return value
 
 
 class KernelLaunch(GraphNode):
     """One launch of a kernel: grid, block, shared memory and checked arguments."""
 
-    __slots__ = ("kernel", "grid", "block", "shmem", "args", "native", "params")
+    __slots__ = ("args", "block", "grid", "kernel", "native", "params", "shmem")
+
+    # Tensors for borrows, numpy scalars of the declared C type (or sg.Params) for the rest: set
+    # by the kernel's binder (_make_binder).
+    args: tuple[Any, ...]
 
     def __init__(
         self,
@@ -395,41 +669,14 @@ class KernelLaunch(GraphNode):
         self.native: Any = None
         # (position, sg.Param) of each scalar argument given as a graph parameter (see _params).
         self.params = _NO_PARAMS
-        params = kernel.params
-        if kwargs or len(args) != len(params):
+        if kwargs or len(args) != len(kernel.params):
             args = self._bind(args, kwargs)
-        values: list[Any] = []
-        borrows: list[Borrow] = []
-        for param, arg in zip(params, args):
-            kind = param.kind
-            if kind == "scalar":
-                values.append(self._scalar(param, arg))
-                continue
-            mutable = kind == "mut"
-            if mutable and type(arg) is Mut:
-                tensor = arg.tensor
-            elif not mutable and isinstance(arg, Tensor):
-                tensor = arg
-            else:
-                tensor = borrowed_tensor(arg, mutable, self.name, param.name, f"declared as {kernel!r}")
-            if (param.dtype is not None and tensor.dtype != param.dtype) or (
-                param.rank is not None and len(tensor.shape) != param.rank
-            ):
-                self._spec_error(param, tensor)
-            values.append(tensor)
-            borrows.append(Borrow(tensor, mutable, param.name))
-        # Tensors for borrows, numpy scalars of the declared C type (or sg.Params) for the rest.
-        self.args = tuple(values)
-        if self.params:  # _scalar met a Param
-            self.params = tuple((i, a) for i, a in enumerate(values) if type(a) is Param)
-        touches = kernel.touches
-        if touches is not None:
-            self._check_touches(touches, self.resolved(None) if self.params else self.args)
-        if borrows:
-            self._claim(borrows)
-        else:
-            self.borrows = borrows
-            self.device = None
+        binder = kernel._binder
+        if binder is None:
+            binder = kernel._binder = _make_binder(kernel)
+        # Sets args (tensors for borrows, numpy scalars of the declared C type or sg.Params for
+        # the rest), params, borrows and device, with every check (see _make_binder).
+        binder(self, *args)
 
     @property
     def name(self) -> str:
@@ -504,7 +751,9 @@ class KernelLaunch(GraphNode):
         # Python ints: numpy's fixed-width arithmetic could wrap a product past the check.
         scalars = [a.item() for a in args if not isinstance(a, Tensor)]
         counts = touches.count(*scalars, *self.grid, *self.block)
-        for position, need, name, expression in zip(touches.params, counts, touches.names, touches.expressions):
+        for position, need, name, expression in zip(
+            touches.params, counts, touches.names, touches.expressions, strict=True
+        ):
             tensor = self.args[position]
             if not 0 <= need <= tensor.size:
                 raise SignatureError(
@@ -513,7 +762,11 @@ class KernelLaunch(GraphNode):
                         [
                             f"declared: `{name}` touches {expression} elements",
                             f"launched as {self.name}[{self.grid}, {self.block}] with "
-                            + ", ".join(f"{p.name}={a}" for p, a in zip(self.kernel.params, args) if p.kind == "scalar"),
+                            + ", ".join(
+                                f"{p.name}={a}"
+                                for p, a in zip(self.kernel.params, args, strict=True)
+                                if p.kind == "scalar"
+                            ),
                         ],
                         help=f"pass a size that fits `{tensor.name}` ({tensor.size} elements), or a larger tensor",
                     )
@@ -522,7 +775,8 @@ class KernelLaunch(GraphNode):
     def _spec_error(self, param: KernelParam, tensor: Tensor) -> None:
         raise SignatureError(
             diagnostic(
-                f"`{self.name}` parameter `{param.name}` got `{tensor.name}` of dtype {tensor.dtype.name} and rank {tensor.ndim}",
+                f"`{self.name}` parameter `{param.name}` got `{tensor.name}` "
+                f"of dtype {tensor.dtype.name} and rank {tensor.ndim}",
                 [f"declared as {param.describe()}"],
                 help="pass a tensor of the declared dtype, or view() it to the declared rank",
             )

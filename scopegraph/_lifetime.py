@@ -39,7 +39,7 @@ class Pin:
     ``replayed_on`` every stream it was replayed on (the release of its memory waits for them).
     """
 
-    __slots__ = ("description", "allocations", "writes", "pending", "replayed_on", "last_stream")
+    __slots__ = ("allocations", "description", "last_stream", "pending", "replayed_on", "writes")
 
     def __init__(self, description: str) -> None:
         self.description = description

@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import numpy as np
 
+from ._borrow import Borrow, check_borrows
 from ._dtypes import DType, DTypeLike, as_dtype, float32
 from ._errors import SignatureError, diagnostic
-from ._borrow import Borrow, check_borrows
 from ._tensor import Mut, Tensor
 
 if TYPE_CHECKING:
@@ -48,9 +48,9 @@ class GraphNode(Op[None]):
 
     def _claim(self, borrows: list[Borrow]) -> None:
         """Validate this op's borrows (one device, alive, not frozen, no aliasing) and remember its device."""
-        device = borrows[0].tensor.device
+        device = borrows[0].alloc.device  # a tensor's device is its allocation's
         for b in borrows:
-            if b.tensor.device is not device:
+            if b.alloc.device is not device:
                 raise SignatureError(
                     diagnostic(
                         f"`{self.name}` mixes devices",
@@ -91,7 +91,10 @@ def borrowed_tensor(value: object, mutable: bool, op: str, param: str, declared:
         head, help = f"`{op}` writes `{param}`, so it needs a mutable borrow", f"pass `{value.name}.mut()`"
         notes.insert(0, f"`{param}` got `{value.name}` (a shared borrow)")
     elif not mutable and isinstance(value, Mut):
-        head, help = f"`{op}` only reads `{param}`, but it got a mutable borrow", f"pass `{value.tensor.name}` without .mut()"
+        head, help = (
+            f"`{op}` only reads `{param}`, but it got a mutable borrow",
+            f"pass `{value.tensor.name}` without .mut()",
+        )
         notes.insert(0, f"`{param}` got `{value.tensor.name}.mut()`")
     else:
         expected = "Mut[Tensor]" if mutable else "Tensor"
@@ -105,35 +108,65 @@ class Memcpy(GraphNode):
     __slots__ = ("dst", "src")
 
     def __init__(self, dst: Mut[Tensor], src: Tensor) -> None:
-        self.dst = borrowed_tensor(dst, True, "memcpy", "dst")
-        self.src = borrowed_tensor(src, False, "memcpy", "src")
-        if self.dst.nbytes != self.src.nbytes or self.dst.dtype != self.src.dtype:
+        self.dst = d = dst.tensor if type(dst) is Mut else borrowed_tensor(dst, True, "memcpy", "dst")
+        self.src = s = src if isinstance(src, Tensor) else borrowed_tensor(src, False, "memcpy", "src")
+        if d.nbytes != s.nbytes or (d.dtype is not s.dtype and d.dtype != s.dtype):
             raise SignatureError(
                 diagnostic(
                     "memcpy sizes differ",
                     [
-                        f"`dst` is `{self.dst.name}`: {self.dst.dtype.name}{list(self.dst.shape)}, {self.dst.nbytes} bytes",
-                        f"`src` is `{self.src.name}`: {self.src.dtype.name}{list(self.src.shape)}, {self.src.nbytes} bytes",
+                        f"`dst` is `{self.dst.name}`: {self.dst.dtype.name}{list(self.dst.shape)}, "
+                        f"{self.dst.nbytes} bytes",
+                        f"`src` is `{self.src.name}`: {self.src.dtype.name}{list(self.src.shape)}, "
+                        f"{self.src.nbytes} bytes",
                     ],
                     help="copy between tensors of the same dtype and size; slice rows (t[a:b]) or view() to match",
                 )
             )
-        self._claim([Borrow(self.dst, True, "dst"), Borrow(self.src, False, "src")])
+        borrows = [Borrow(d, True, "dst"), Borrow(s, False, "src")]
+        b0, b1 = borrows
+        m0, m1 = b0.alloc, b1.alloc
+        # What _claim checks, where it plainly holds; anything else gets its closer look (and errors).
+        if (
+            m0.device is not m1.device
+            or m0.freed
+            or m1.freed
+            or m0.region.frozen
+            or (b1.start < b0.end and b0.start < b1.end)
+        ):
+            self._claim(borrows)
+        else:
+            self.borrows = borrows
+            self.device = m0.device
 
     @property
     def name(self) -> str:
         return "memcpy"
 
 
-
 class Memset(GraphNode):
     """Set every element of ``dst`` to ``value`` (elements of 1, 2 or 4 bytes, or a repeating 8-byte pattern)."""
 
-    __slots__ = ("dst", "value", "pattern")
+    __slots__ = ("dst", "pattern", "value")
 
     def __init__(self, dst: Mut[Tensor], value: float | int | bool) -> None:
-        self.dst = borrowed_tensor(dst, True, "memset", "dst")
-        self.value = self.dst.dtype.scalar(value, f"the memset value for `{self.dst.name}`")
+        self.dst = d = dst.tensor if type(dst) is Mut else borrowed_tensor(dst, True, "memset", "dst")
+        # Fills repeat a few values: (numpy scalar, pattern) by (dtype, type, value), for plain
+        # ints and non-zero floats (0.0 == -0.0 as keys, but their bytes differ).
+        kind = type(value)
+        key = (d.dtype.name, kind, value)
+        hit = _FILLS.get(key) if kind is int or (kind is float and value != 0.0) else None
+        if hit is not None:
+            self.value, self.pattern = hit
+            borrow = Borrow(d, True, "dst")
+            alloc = borrow.alloc
+            if alloc.freed or alloc.region.frozen:
+                self._claim([borrow])  # the closer look (and its errors)
+            else:
+                self.borrows = [borrow]
+                self.device = alloc.device
+            return
+        self.value = d.dtype.scalar(value, f"the memset value for `{d.name}`")
         raw = memset_pattern(self.value)
         if raw is None:
             raise SignatureError(
@@ -145,6 +178,10 @@ class Memset(GraphNode):
             )
         # The repeating unit the driver writes, as raw bytes.
         self.pattern = raw
+        if kind is int or (kind is float and value != 0.0):
+            if len(_FILLS) >= 1024:
+                _FILLS.clear()
+            _FILLS[key] = (self.value, raw)
         self._claim([Borrow(self.dst, True, "dst")])
 
     @property
@@ -154,6 +191,8 @@ class Memset(GraphNode):
     def label(self) -> str:
         return f"memset(mut {self.dst.name}, {self.value.item()!r})"
 
+
+_FILLS: dict[tuple[str, type, object], tuple[np.generic, bytes]] = {}
 
 
 def memset_pattern(value: np.generic) -> bytes | None:
@@ -192,7 +231,7 @@ class Join(GraphNode):
 class AllocationOp(Op[Tensor]):
     """Creates a tensor. Not a GraphNode: run it with ``stream.run(op)``, before any scope."""
 
-    __slots__ = ("kind", "shape", "dtype", "fill", "source", "label_name")
+    __slots__ = ("dtype", "fill", "kind", "label_name", "shape", "source")
 
     def __init__(
         self,
@@ -238,7 +277,11 @@ class AllocationOp(Op[Tensor]):
 
 def _shape(shape: int | tuple[int, ...] | list[int]) -> tuple[int, ...]:
     try:
-        dims = (operator.index(shape),) if not isinstance(shape, (tuple, list)) else tuple(operator.index(d) for d in shape)
+        dims = (
+            (operator.index(shape),)
+            if not isinstance(shape, (tuple, list))
+            else tuple(operator.index(d) for d in shape)
+        )
     except TypeError:
         raise SignatureError(f"shape {shape!r} is not an int or a tuple of ints\nhelp: pass e.g. (16, 128)") from None
     if any(d < 0 for d in dims):
@@ -246,12 +289,16 @@ def _shape(shape: int | tuple[int, ...] | list[int]) -> tuple[int, ...]:
     return dims
 
 
-def zeros(shape: int | tuple[int, ...] | list[int], dtype: DTypeLike = float32, name: str | None = None) -> AllocationOp:
+def zeros(
+    shape: int | tuple[int, ...] | list[int], dtype: DTypeLike = float32, name: str | None = None
+) -> AllocationOp:
     """An allocation op: a new tensor filled with zeros. Run with ``stream.run``."""
     return AllocationOp("zeros", _shape(shape), as_dtype(dtype), 0, name=name)
 
 
-def empty(shape: int | tuple[int, ...] | list[int], dtype: DTypeLike = float32, name: str | None = None) -> AllocationOp:
+def empty(
+    shape: int | tuple[int, ...] | list[int], dtype: DTypeLike = float32, name: str | None = None
+) -> AllocationOp:
     """An allocation op: a new, uninitialised tensor. Run with ``stream.run``."""
     return AllocationOp("empty", _shape(shape), as_dtype(dtype), name=name)
 

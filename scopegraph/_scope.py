@@ -11,26 +11,25 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Sequence
+from enum import Enum
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
-
-from enum import Enum
 
 from ._errors import NotAGraphNodeError, ScopeStateError, SignatureError, diagnostic
 from ._kernel import KernelLaunch
 from ._lifetime import Pin
 from ._ops import AllocationOp, GraphNode, Join
 from ._params import Param, note_params
-from ._stream import Stream, check_runnable
 from ._pdl import NONE, programmatic_deps
+from ._stream import Stream, check_runnable
 from ._tracker import ORDERS, DataflowTracker, ProgramOrderTracker
 
 if TYPE_CHECKING:
-    from ._control import Body, Entry, Block
-    from ._capture import Entry as CaptureEntry, Region
-    from ._tensor import Mut
+    from ._capture import Entry as CaptureEntry
+    from ._capture import Region
+    from ._control import Block, Body, Entry
     from ._graph import CudaGraph
-    from ._tensor import Tensor
+    from ._tensor import Mut, Tensor
 
 # Device-side control flow (``s.while_``, ``s.if_``, ``s.if_else``) lives in ``_control``, which
 # imports this module; it registers its entry points here on import (a hook, not an import).
@@ -54,10 +53,15 @@ class _State(Enum):
 class RecordedNode:
     """A handle naming one recorded op: its index, the op, its predecessors and where it was recorded."""
 
-    __slots__ = ("index", "op", "deps", "_where", "programmatic")
+    __slots__ = ("_where", "deps", "index", "op", "programmatic")
 
     def __init__(
-        self, index: int, op: GraphNode, deps: frozenset[int], where: tuple[str, int], programmatic: frozenset[int] = NONE
+        self,
+        index: int,
+        op: GraphNode,
+        deps: frozenset[int],
+        where: tuple[str, int],
+        programmatic: frozenset[int] = NONE,
     ) -> None:
         self.index = index
         self.op = op
@@ -105,7 +109,9 @@ class Scope:
             )
         tracker = ORDERS.get(order)
         if tracker is None:
-            raise SignatureError(f'order={order!r} is not an ordering\nhelp: use order="dataflow" (default) or order="program"')
+            raise SignatureError(
+                f'order={order!r} is not an ordering\nhelp: use order="dataflow" (default) or order="program"'
+            )
         self.stream = stream
         # What a clean exit builds (CudaGraph, passed in by CudaGraph.scope: the graph module
         # imports this one, not the other way round).
@@ -170,7 +176,9 @@ class Scope:
         assert self._tracker is not None  # open scopes have one
         deps = self._tracker.add(borrows)
         self._pin.add(borrows)
-        node = RecordedNode(len(self._nodes), op, deps, self._where, programmatic_deps(op, deps, self._nodes) if self.pdl else NONE)
+        node = RecordedNode(
+            len(self._nodes), op, deps, self._where, programmatic_deps(op, deps, self._nodes) if self.pdl else NONE
+        )
         self._nodes.append(node)
         return node
 
@@ -289,4 +297,3 @@ def _not_a_graph_node(op: object) -> NotAGraphNodeError:
             help="build the op first, e.g. s.record(sg.memcpy(dst.mut(), src)) or s.record(kernel[grid, block](...))",
         )
     )
-

@@ -29,7 +29,7 @@ device_lookup: Callable[[Device | str], Device] | None = None
 class Stream:
     """An ordered queue of work on one device. ``run`` executes any op eagerly, in stream order."""
 
-    __slots__ = ("device", "native", "recording", "id", "last_work", "__weakref__")
+    __slots__ = ("__weakref__", "device", "id", "last_work", "native", "recording")
 
     def __init__(self, device: Device, native: object) -> None:
         self.device = device
@@ -53,7 +53,10 @@ class Stream:
             raise ScopeStateError(
                 diagnostic(
                     f"cannot {what} on stream #{self.id} while a scope is recording on it",
-                    [f"the scope was opened at {scope.opened_at}", "eager work here would run before the graph ever does"],
+                    [
+                        f"the scope was opened at {scope.opened_at}",
+                        "eager work here would run before the graph ever does",
+                    ],
                     help="record the op with s.record(op), or run it on another stream or after the scope",
                 )
             )
@@ -98,7 +101,8 @@ class Stream:
         if index != dev.index:
             if device is not None:
                 raise SignatureError(
-                    f"the stream belongs to cuda:{index}, not {dev}\nhelp: leave device= out (it is found from the stream)"
+                    f"the stream belongs to cuda:{index}, not {dev}\n"
+                    "help: leave device= out (it is found from the stream)"
                 )
             dev = get_device(f"cuda:{index}")
         return Stream(dev, native)

@@ -34,7 +34,7 @@ class Tensor:
     allocation op run on a stream (``stream.run(sg.zeros(...))``); never inside a scope.
     """
 
-    __slots__ = ("_alloc", "offset", "shape", "dtype", "nbytes", "_name", "_base")
+    __slots__ = ("_alloc", "_base", "_name", "dtype", "nbytes", "offset", "shape")
 
     def __init__(
         self,
@@ -129,19 +129,25 @@ class Tensor:
             start, stop, step = index.indices(rows)
             if step != 1:
                 raise SignatureError(
-                    f"`{self.name}[{index.start}:{index.stop}:{index.step}]` is strided; scopegraph tensors are contiguous\n"
+                    f"`{self.name}[{index.start}:{index.stop}:{index.step}]` is strided; "
+                    "scopegraph tensors are contiguous\n"
                     "help: slice with step 1, or copy the rows you need with sg.memcpy"
                 )
             stop = max(start, stop)
             label = f"{self.name}[{start}:{stop}]"
-            return Tensor(self._alloc, self.offset + start * row_bytes, (stop - start, *self.shape[1:]), self.dtype, label, self)
+            return Tensor(
+                self._alloc, self.offset + start * row_bytes, (stop - start, *self.shape[1:]), self.dtype, label, self
+            )
         if isinstance(index, (int, np.integer)):
             i = int(index) + rows if index < 0 else int(index)
             if not 0 <= i < rows:
                 raise BoundsError(
-                    f"row {index} is out of range for `{self.name}` with {rows} rows\nhelp: index rows 0..{rows - 1} (or -{rows}..-1)"
+                    f"row {index} is out of range for `{self.name}` with {rows} rows\n"
+                    f"help: index rows 0..{rows - 1} (or -{rows}..-1)"
                 )
-            return Tensor(self._alloc, self.offset + i * row_bytes, self.shape[1:], self.dtype, f"{self.name}[{i}]", self)
+            return Tensor(
+                self._alloc, self.offset + i * row_bytes, self.shape[1:], self.dtype, f"{self.name}[{i}]", self
+            )
         raise SignatureError(
             f"`{self.name}` can be indexed by an int or a row slice, not {type(index).__name__}\n"
             "help: use t[a:b] for rows a..b, or t.view(shape) to reshape"
@@ -168,7 +174,10 @@ class Tensor:
                     raise BorrowError(
                         diagnostic(
                             f"cannot freeze `{self.name}`: {pin.description} writes it",
-                            [f"a frozen tensor can never be borrowed mutably, but {pin.description} holds a mutable borrow"],
+                            [
+                                f"a frozen tensor can never be borrowed mutably, but {pin.description} "
+                                f"holds a mutable borrow"
+                            ],
                             help="close the graph that writes it first (graph.close()), or freeze it before recording",
                         )
                     )
@@ -216,13 +225,18 @@ class Tensor:
             )
         start, end = alloc.address, alloc.address + alloc.nbytes
         wrappers = [
-            a for a in alloc.aliases() if a is not alloc and not a.freed and a.address < end and start < a.address + a.nbytes
+            a
+            for a in alloc.aliases()
+            if a is not alloc and not a.freed and a.address < end and start < a.address + a.nbytes
         ]
         if wrappers:
             raise LifetimeError(
                 diagnostic(
                     f"cannot free `{self.name}`: another tensor wraps the same memory",
-                    [f"allocation `{a.label}` (a wrapper made through DLPack or __cuda_array_interface__) is alive" for a in wrappers],
+                    [
+                        f"allocation `{a.label}` (a wrapper made through DLPack or __cuda_array_interface__) is alive"
+                        for a in wrappers
+                    ],
                     help="drop the wrappers first (del them), or drop this tensor instead of freeing it: "
                     "its memory is then released when the last wrapper goes",
                 )

@@ -37,7 +37,7 @@ JOIN_THRESHOLD = 8
 class _Readers:
     """A reader node and the readers before it (shared between segments split from one)."""
 
-    __slots__ = ("node", "rest", "join")
+    __slots__ = ("join", "node", "rest")
 
     def __init__(self, node: int, rest: _Readers | None) -> None:
         self.node = node
@@ -47,7 +47,7 @@ class _Readers:
 
 
 class _Segment:
-    __slots__ = ("end", "writer", "readers")
+    __slots__ = ("end", "readers", "writer")
 
     def __init__(self, end: int, writer: int, readers: _Readers | None) -> None:
         self.end = end
@@ -71,12 +71,21 @@ class DataflowTracker:
     def add(self, borrows: Sequence[Borrow]) -> frozenset[int]:
         deps: set[int] = set()
         segments = self._segments
+        # Whole-segment accesses are updated in place after the deps are known (one lookup each);
+        # the rest split segments, so they are redone from scratch in the second pass.
+        in_place: list[tuple[_Segment, bool]] = []
+        ranged: list[Borrow] = []
         for b in borrows:
             start, end = b.start, b.end
             if start == end:
                 continue
             exact = segments.get(start)
-            touched = (exact,) if exact is not None and exact.end == end else overlapping(segments, start, end)
+            if exact is not None and exact.end == end:
+                touched: Sequence[_Segment] = (exact,)
+                in_place.append((exact, b.mutable))
+            else:
+                touched = overlapping(segments, start, end)
+                ranged.append(b)
             if b.mutable:
                 for seg in touched:
                     if seg.readers is not None:
@@ -89,12 +98,14 @@ class DataflowTracker:
                         deps.add(seg.writer)
         node = self.count
         self.count += 1
-        for b in borrows:
-            if b.start != b.end:
-                self._write(b.start, b.end, node) if b.mutable else self._read(b.start, b.end, node)
+        for seg, mutable in in_place:  # before any split, so each segment still spans its range
+            if mutable:
+                seg.writer, seg.readers = node, None
+            elif seg.readers is None or seg.readers.node != node:  # one read per segment and op
+                seg.readers = _Readers(node, seg.readers)
+        for b in ranged:
+            self._write(b.start, b.end, node) if b.mutable else self._read(b.start, b.end, node)
         return frozenset(deps)
-
-    # -- queries -----------------------------------------------------------------------------
 
     def _wait_for_readers(self, readers: _Readers, deps: set[int]) -> None:
         head: _Readers | None = readers
@@ -124,7 +135,7 @@ class DataflowTracker:
         i = segments.bisect_right(at) - 1
         if i < 0:
             return
-        key, seg = segments.peekitem(i)
+        _, seg = segments.peekitem(i)
         if seg.end > at:
             segments[at] = _Segment(seg.end, seg.writer, seg.readers)
             seg.end = at
@@ -175,4 +186,7 @@ class ProgramOrderTracker:
         return frozenset((node - 1,)) if node else frozenset()
 
 
-ORDERS: dict[str, type[DataflowTracker] | type[ProgramOrderTracker]] = {"dataflow": DataflowTracker, "program": ProgramOrderTracker}
+ORDERS: dict[str, type[DataflowTracker] | type[ProgramOrderTracker]] = {
+    "dataflow": DataflowTracker,
+    "program": ProgramOrderTracker,
+}

@@ -177,24 +177,30 @@ def _written(out: Mut[Tensor], helper: str) -> Tensor:
     return borrowed_tensor(out, True, helper, "out")
 
 
+def _elementwise(out: Mut[Tensor], helper: str) -> tuple[int, int]:
+    """(elements, blocks) of an elementwise launch over ``out``: one call on the hot path."""
+    n = (out.tensor if type(out) is Mut else _written(out, helper)).size
+    return n, max(1, -(-n // ELEMENTWISE_BLOCK))
+
+
 def fill_op(out: Mut[Tensor], value: float) -> KernelLaunch:
-    n = _written(out, "fill_op").size
-    return fill[_blocks(n, ELEMENTWISE_BLOCK), ELEMENTWISE_BLOCK](out, value, n)
+    n, grid = _elementwise(out, "fill_op")
+    return fill[grid, ELEMENTWISE_BLOCK](out, value, n)
 
 
 def add_op(out: Mut[Tensor], a: Tensor, b: Tensor) -> KernelLaunch:
-    n = _written(out, "add_op").size
-    return add[_blocks(n, ELEMENTWISE_BLOCK), ELEMENTWISE_BLOCK](out, a, b, n)
+    n, grid = _elementwise(out, "add_op")
+    return add[grid, ELEMENTWISE_BLOCK](out, a, b, n)
 
 
 def axpy_op(out: Mut[Tensor], x: Tensor, a: float) -> KernelLaunch:
-    n = _written(out, "axpy_op").size
-    return axpy[_blocks(n, ELEMENTWISE_BLOCK), ELEMENTWISE_BLOCK](out, x, a, n)
+    n, grid = _elementwise(out, "axpy_op")
+    return axpy[grid, ELEMENTWISE_BLOCK](out, x, a, n)
 
 
 def add_scalar_op(out: Mut[Tensor], value: float) -> KernelLaunch:
-    n = _written(out, "add_scalar_op").size
-    return add_scalar[_blocks(n, ELEMENTWISE_BLOCK), ELEMENTWISE_BLOCK](out, value, n)
+    n, grid = _elementwise(out, "add_scalar_op")
+    return add_scalar[grid, ELEMENTWISE_BLOCK](out, value, n)
 
 
 def rms_norm_block(d: int) -> int:
@@ -206,7 +212,9 @@ def rms_norm_op(out: Mut[Tensor], x: Tensor, w: Tensor, eps: float) -> KernelLau
     """Normalise each row of ``x`` (its last dimension is the model width)."""
     d = borrowed_tensor(x, False, "rms_norm_op", "x").shape[-1] if x.shape else 0
     if d == 0:
-        raise SignatureError(f"rms_norm_op needs rows of at least one element; `x` has shape {x.shape}\nhelp: pass x of shape (rows, d)")
+        raise SignatureError(
+            f"rms_norm_op needs rows of at least one element; `x` has shape {x.shape}\nhelp: pass x of shape (rows, d)"
+        )
     block = rms_norm_block(d)
     return rms_norm.generics(block)[x.size // d, block](out, x, w, eps, d)
 
@@ -259,6 +267,15 @@ def append_row_op(out: Mut[Tensor], position: Mut[Tensor], flag: Mut[Tensor], x:
 
 
 ALL_KERNELS = (
-    fill, add, axpy, add_scalar, noop, rms_norm.generics(rms_norm_block(2048)), matvec, matvec_add, rms_norm_matvec,
-    count_down, append_row,
+    fill,
+    add,
+    axpy,
+    add_scalar,
+    noop,
+    rms_norm.generics(rms_norm_block(2048)),
+    matvec,
+    matvec_add,
+    rms_norm_matvec,
+    count_down,
+    append_row,
 )

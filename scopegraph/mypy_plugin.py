@@ -51,7 +51,20 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from mypy.errorcodes import ErrorCode
-from mypy.nodes import CallExpr, Decorator, Expression, FuncDef, IndexExpr, IntExpr, MemberExpr, NameExpr, OverloadedFuncDef, RefExpr, StrExpr, TypeInfo
+from mypy.nodes import (
+    CallExpr,
+    Decorator,
+    Expression,
+    FuncDef,
+    IndexExpr,
+    IntExpr,
+    MemberExpr,
+    NameExpr,
+    OverloadedFuncDef,
+    RefExpr,
+    StrExpr,
+    TypeInfo,
+)
 from mypy.plugin import FunctionContext, MethodContext, MethodSigContext, Plugin
 from mypy.types import CallableType, Instance, Parameters, ProperType, Type, UnionType, get_proper_type
 
@@ -111,12 +124,18 @@ def check_borrows(ctx: FunctionContext | MethodContext) -> Type:
             continue  # two shared borrows are fine
         if mutable and was_mutable:
             ctx.api.fail(f"cannot borrow `{place}` as mutable more than once at a time", ctx.context, code=BORROW)
-            ctx.api.msg.note(f"first mutable borrow of `{place}` occurs here (argument {first_position})", first_arg, code=BORROW)
+            ctx.api.msg.note(
+                f"first mutable borrow of `{place}` occurs here (argument {first_position})", first_arg, code=BORROW
+            )
             ctx.api.msg.note(f"second mutable borrow of `{place}` occurs here (argument {position})", arg, code=BORROW)
         else:
             now, before = ("mutable", "immutable") if mutable else ("immutable", "mutable")
-            ctx.api.fail(f"cannot borrow `{place}` as {now} because it is also borrowed as {before}", ctx.context, code=BORROW)
-            for kind, pos, where in sorted(((now, position, arg), (before, first_position, first_arg)), key=lambda t: t[1]):
+            ctx.api.fail(
+                f"cannot borrow `{place}` as {now} because it is also borrowed as {before}", ctx.context, code=BORROW
+            )
+            for kind, pos, where in sorted(
+                ((now, position, arg), (before, first_position, first_arg)), key=lambda t: t[1]
+            ):
                 ctx.api.msg.note(f"{kind} borrow of `{place}` occurs here (argument {pos})", where, code=BORROW)
         break
     return ctx.default_return_type

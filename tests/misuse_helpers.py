@@ -139,7 +139,9 @@ class Table:
         def add(step: Step) -> Step:
             name = step.__name__
             assert name not in {c.id for c in self.cases}, f"duplicate case id {name}"
-            self.cases.append(Case(name, (step.__doc__ or "").strip(), error, match, step, host, only, helpful, exact, needs, check))
+            self.cases.append(
+                Case(name, (step.__doc__ or "").strip(), error, match, step, host, only, helpful, exact, needs, check)
+            )
             return step
 
         return add

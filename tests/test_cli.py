@@ -35,12 +35,16 @@ def run_main(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, 
 
 
 def test_version_through_python_m() -> None:
-    done = subprocess.run([sys.executable, "-m", "scopegraph", "--version"], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "scopegraph", "--version"], capture_output=True, text=True, cwd=ROOT, timeout=60
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout == f"scopegraph {sg.__version__}\n"
 
 
-def test_info_reports_versions_driver_device_and_cache(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_info_reports_versions_driver_device_and_cache(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("SCOPEGRAPH_DEVICE", "host")
     code, out, err = run_main(["info"], capsys)
     assert code == 0 and not err
@@ -55,7 +59,9 @@ def test_info_reports_versions_driver_device_and_cache(capsys: pytest.CaptureFix
         assert fields["gpus"] == "none"
 
 
-def test_info_names_a_bad_environment_device(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_info_names_a_bad_environment_device(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("SCOPEGRAPH_DEVICE", "bogus")
     code, out, _ = run_main(["info"], capsys)
     assert code == 0
@@ -103,7 +109,9 @@ if not HAS_GPU:
 
 
 @pytest.mark.parametrize(("argv", "message"), REFUSED, ids=[" ".join(a) or "nothing" for a, _ in REFUSED])
-def test_bad_arguments_are_refused_in_one_line(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_arguments_are_refused_in_one_line(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     code, out, err = run_main(argv, capsys)
     assert code == 2
     assert not out
@@ -112,7 +120,9 @@ def test_bad_arguments_are_refused_in_one_line(argv: list[str], message: str, ca
     assert "--help)" in err
 
 
-def test_a_bad_environment_device_is_refused_in_one_line(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_bad_environment_device_is_refused_in_one_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("SCOPEGRAPH_DEVICE", "bogus")
     code, _, err = run_main(["demo", "--tokens", "1"], capsys)
     assert code == 2
@@ -160,7 +170,10 @@ def test_demo_log_output_has_a_line_per_step() -> None:
     """Through a pipe, as in a log: every step of both loops is a line, with no carriage return."""
     done = subprocess.run(
         [sys.executable, "-m", "scopegraph", "demo", "--device", "host", "--d", "32", "--layers", "2", "--tokens", "8"],
-        capture_output=True, text=True, cwd=ROOT, timeout=120,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "\r" not in done.stdout
@@ -179,7 +192,9 @@ def test_demo_states_the_smaller_host_default(capsys: pytest.CaptureFixture[str]
 
 
 def test_bench_record_rows_on_the_host(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run_main(["bench", "--quick", "--only", "record", "--device", "host", "--out", str(tmp_path)], capsys)
+    code, out, _ = run_main(
+        ["bench", "--quick", "--only", "record", "--device", "host", "--out", str(tmp_path)], capsys
+    )
     assert code == 0
     result = json.loads((tmp_path / "bench.json").read_text())
     assert result["environment"]["device"] == "host" and set(result) == {"environment", "quick", "record"}
@@ -199,8 +214,15 @@ def test_bench_record_rows_on_the_host(tmp_path: Path, capsys: pytest.CaptureFix
 def test_missing_figures_read_the_same_in_every_table() -> None:
     env = {"device": "cuda:0", "torch": "not installed"}
     row = {"sg_eager": {"wall": 1e-5, "submit": 1e-6}, "sg_graph": {"wall": 1e-6, "submit": 1e-7}, "n": 10}
-    model = {"d": 2048, "n_layers": 22, "sg_eager_tok_s": 1000.0, "sg_graph_tok_s": 2000.0, "graph_over_eager": 2.0,
-             "weight_bytes": 1, "graph_bandwidth": 1e12}
+    model = {
+        "d": 2048,
+        "n_layers": 22,
+        "sg_eager_tok_s": 1000.0,
+        "sg_graph_tok_s": 2000.0,
+        "graph_over_eager": 2.0,
+        "weight_bytes": 1,
+        "graph_bandwidth": 1e12,
+    }
     table = format_table({"environment": env, "launch": {"rows": [row]}, "model": {"d": 2048, "rows": [model]}})
     launch_line, model_line = (line for line in table.splitlines() if line.strip().startswith(("10 ", "2048 ")))
     assert launch_line.split()[-2:] == ["-", "-"]  # torch eager, torch graph

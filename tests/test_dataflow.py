@@ -101,7 +101,9 @@ def dag_violations(ops: Program, deps: list[frozenset[int]]) -> list[str]:
     return problems
 
 
-def _run_tracker(tracker_type: type[DataflowTracker] | type[ProgramOrderTracker], program: list[list[Borrow]]) -> tuple[Program, list[frozenset[int]]]:
+def _run_tracker(
+    tracker_type: type[DataflowTracker] | type[ProgramOrderTracker], program: list[list[Borrow]]
+) -> tuple[Program, list[frozenset[int]]]:
     ops: Program = []
     deps: list[frozenset[int]] = []
 
@@ -142,9 +144,16 @@ def test_the_property_check_fails_for_wrong_trackers() -> None:
     conflict, and a tracker that returns no edges leaves conflicts unordered."""
     dev = sg.device("host")
     x, y = dev.zeros((8,), sg.u8, name="x"), dev.zeros((8,), sg.u8, name="y")
-    program = [_borrows([x, y], [(0, 0, 8, True)]), _borrows([x, y], [(1, 0, 8, True)]), _borrows([x, y], [(0, 0, 8, False)])]
+    program = [
+        _borrows([x, y], [(0, 0, 8, True)]),
+        _borrows([x, y], [(1, 0, 8, True)]),
+        _borrows([x, y], [(0, 0, 8, False)]),
+    ]
     ops, deps = _run_tracker(ProgramOrderTracker, program)
-    assert dag_violations(ops, deps) == ["edge 0 -> 1 does not stem from a conflict (through 0)", "edge 1 -> 2 does not stem from a conflict (through 1)"]
+    assert dag_violations(ops, deps) == [
+        "edge 0 -> 1 does not stem from a conflict (through 0)",
+        "edge 1 -> 2 does not stem from a conflict (through 1)",
+    ]
     assert dag_violations(ops, [frozenset()] * 3) == ["op 2 conflicts with op 0 but is not ordered after it"]
     ops, deps = _run_tracker(DataflowTracker, program)
     assert dag_violations(ops, deps) == [] and deps == [frozenset(), frozenset(), frozenset({0})]

@@ -42,10 +42,12 @@ CLAIMS: dict[str, list[str]] = {
         r" program: 200 nodes, 1 root\(s\), 199 edges",
     ],
     "decode_loop.py": [
-        r"2 layers, d=64, on \S+: decode graph = memset\(mut position, 0\), memset\(mut more, 1\), while\(more, max 8\) \[11 nodes\]",
+        r"2 layers, d=64, on \S+: decode graph = memset\(mut position, 0\),"
+        r" memset\(mut more, 1\), while\(more, max 8\) \[11 nodes\]",
         r"8 tokens in one launch equal 8 launches of the one-token graph: yes; vs float64 numpy: \d\.\d\de-0[5-9]",
         r"one launch: +\d+\.\d tokens/s; 8 launches: +\d+\.\d tokens/s -> \d+\.\d\dx",
-        r"--- a runaway loop: LoopLimitError\nthe loop `while\(stuck\)` recorded at \S+decode_loop.py:\d+ ran max_iterations=3 iterations",
+        r"--- a runaway loop: LoopLimitError\nthe loop `while\(stuck\)`"
+        r" recorded at \S+decode_loop.py:\d+ ran max_iterations=3 iterations",
     ],
     "shape_cache.py": [
         r"40 requests, sizes 9\.\.245, buckets \(64, 128, 256\)",
@@ -61,15 +63,21 @@ CLAIMS: dict[str, list[str]] = {
     # on the host backend it runs its host callable and is checked against numpy.
     "torch_matmul.py": [
         r"on \S+: graph nodes: add_scalar\(mut a\), capture:matmul\(mut c, a, b\)( \[\d+ nodes\])?, axpy\(mut y, c\)",
-        r"the region (ran PyTorch's torch\.matmul \(cuBLAS\), captured as one child-graph node|runs its host callable \(numpy\) on the host backend)",
+        r"the region (ran PyTorch's torch\.matmul \(cuBLAS\), captured as one child-graph node"
+        r"|runs its host callable \(numpy\) on the host backend)",
         r"3 replays: y vs (PyTorch eager|numpy): max rel\. error \d\.\de[-+]\d\d: OK",
     ],
     "cupy_kernel.py": [
-        r"on \S+: graph nodes: add_scalar\(mut x\), capture:square_plus\(mut out, x\)( \[\d+ nodes\])?, axpy\(mut acc, out\)",
-        r"the region (ran a CuPy ElementwiseKernel, captured as one child-graph node|runs its host callable \(numpy\) on the host backend)",
+        r"on \S+: graph nodes: add_scalar\(mut x\), capture:square_plus\(mut out, x\)( \[\d+ nodes\])?,"
+        r" axpy\(mut acc, out\)",
+        r"the region (ran a CuPy ElementwiseKernel, captured as one child-graph node"
+        r"|runs its host callable \(numpy\) on the host backend)",
         r"4 replays: acc vs (CuPy eager|numpy): max rel\. error \d\.\de[-+]\d\d: OK",
     ],
-    "transformer_layers.py": [r"2 layers, d=128, on \S+: 10 graph nodes", r"graph vs eager: 0\.00e\+00; graph vs float64 numpy: \d\.\d\de-0[5-9]"],
+    "transformer_layers.py": [
+        r"2 layers, d=128, on \S+: 10 graph nodes",
+        r"graph vs eager: 0\.00e\+00; graph vs float64 numpy: \d\.\d\de-0[5-9]",
+    ],
 }
 
 
@@ -77,7 +85,10 @@ CLAIMS: dict[str, list[str]] = {
 def test_example_runs_and_shows_what_it_claims(name: str, sg_device: sg.Device) -> None:
     done = subprocess.run(
         [sys.executable, str(ROOT / "examples" / name), *EXAMPLES[name]],
-        capture_output=True, text=True, timeout=300, env={**os.environ, "SCOPEGRAPH_DEVICE": str(sg_device)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "SCOPEGRAPH_DEVICE": str(sg_device)},
     )
     assert done.returncode == 0, done.stderr
     assert "NOT CAUGHT" not in done.stdout
@@ -90,7 +101,11 @@ def test_every_example_is_tested() -> None:
 
 
 def test_demo_runs_on_the_host_backend() -> None:
-    done = subprocess.run([sys.executable, "-m", "scopegraph", "demo", "--device", "host", "--tokens", "8"],
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "scopegraph", "demo", "--device", "host", "--tokens", "8"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "validation:" in done.stdout and "OK" in done.stdout and "tokens/s" in done.stdout

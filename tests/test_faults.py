@@ -98,7 +98,9 @@ def run_child(mode: str) -> tuple[dict[str, object], float, subprocess.Completed
             [sys.executable, "-c", CHILD, mode], env=env, cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT_S
         )
     except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"the faulting child hung for {TIMEOUT_S} s (mode {mode}); output so far:\n{exc.stdout!r}\n{exc.stderr!r}")
+        pytest.fail(
+            f"the faulting child hung for {TIMEOUT_S} s (mode {mode}); output so far:\n{exc.stdout!r}\n{exc.stderr!r}"
+        )
     wall = time.monotonic() - start
     lines = [line for line in proc.stdout.splitlines() if line.startswith(MARKER)]
     assert lines, f"the child printed no report (rc {proc.returncode}):\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
@@ -115,13 +117,18 @@ def test_out_of_bounds_write_is_a_cuda_error_that_says_the_context_is_lost(mode:
     # Names the launch: the kernel (eager), or the kernel or the graph launch that ran it (replay).
     names = r"sg_fault_wild_write" if mode == "eager" else r"sg_fault_wild_write|graph #?\d*"
     assert re.search(names, message), f"the message does not name the launch:\n{message}"
-    assert re.search(r"context.{0,40}lost|lost.{0,40}context", message, re.I | re.S), f"the message does not say the context is lost:\n{message}"
+    assert re.search(r"context.{0,40}lost|lost.{0,40}context", message, re.I | re.S), (
+        f"the message does not say the context is lost:\n{message}"
+    )
     assert re.search(r"restart", message, re.I), f"the message does not say the process must restart:\n{message}"
     assert re.search(r"^help: \S", message, re.M), f"the message has no `help:` line:\n{message}"
     assert re.match(r"CUDA_ERROR_\w+", str(report["result"])), detail
     assert report["context_lost"] is True, detail
     # A later call (x.numpy()) fails promptly too, as a CudaError that also says the context is lost.
-    later = f"the call after the fault: {report.get('second')} {report.get('second_result')}: {report.get('second_message')}"
+    later = (
+        f"the call after the fault: {report.get('second')} {report.get('second_result')}: "
+        f"{report.get('second_message')}"
+    )
     assert report["second"] == "CudaError", later
     assert report["second_context_lost"] is True, later
     # The child exited by itself, well within the limit: no hang at the fault or at shutdown.

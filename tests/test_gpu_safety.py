@@ -222,7 +222,10 @@ def test_kernel_with_an_include_path_runs(cuda: sg.Device, tmp_path: object) -> 
 
     root = pathlib.Path(str(tmp_path))
     (root / "twice.h").write_text("__device__ inline float twice(float v) { return 2.0f * v; }\n")
-    source = '#include "twice.h"\nextern "C" __global__ void doubler(float* x, int n) { int i = threadIdx.x; if (i < n) x[i] = twice(x[i]); }\n'
+    source = (
+        '#include "twice.h"\n'
+        'extern "C" __global__ void doubler(float* x, int n) { int i = threadIdx.x; if (i < n) x[i] = twice(x[i]); }\n'
+    )
 
     @sg.kernel(source, options={"include_path": [str(root)]}, touches={"x": "n"})
     def doubler(x: Mut[Tensor], n: sg.i32) -> None: ...

@@ -44,7 +44,11 @@ def _pytest(tmp: Path, source: str, *args: str) -> subprocess.CompletedProcess[s
     (tmp / "test_probe.py").write_text(source)
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-s", "-p", "no:cacheprovider", *args, "test_probe.py"],
-        cwd=tmp, capture_output=True, text=True, timeout=120, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+        cwd=tmp,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
     )
 
 

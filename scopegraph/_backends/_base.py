@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 if TYPE_CHECKING:
-    from .._scope import RecordedNode
     from .._allocation import Allocation
     from .._ops import GraphNode
+    from .._scope import RecordedNode
     from .._stream import Stream
     from .._tensor import Tensor
 
@@ -52,6 +52,7 @@ class Backend(Protocol):
     # eager ops
     def prepare(self, op: GraphNode) -> None:
         """Check (and on CUDA, compile) an op before it is run or recorded."""
+
     def run(self, op: GraphNode, stream: Stream) -> None: ...
 
     # graphs

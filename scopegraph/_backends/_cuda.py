@@ -36,6 +36,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from cuda.bindings import driver
 from cuda.core import Buffer, Event, LaunchConfig, launch
 from cuda.core import Device as CoreDevice
 from cuda.core import Stream as CoreStream
@@ -213,7 +214,7 @@ class _CudaExecutable:
         index = {int(n.handle): i for i, n in enumerate(self.nodes)}
         programmatic = int(driver.CUgraphDependencyType.CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC)
         succ: dict[int, list[tuple[int, bool]]] = collections.defaultdict(list)
-        for f, t, e in zip(froms[:count], tos[:count], data[:count]):
+        for f, t, e in zip(froms[:count], tos[:count], data[:count], strict=True):
             succ[int(f)].append((int(t), int(e.type) == programmatic))
         found = set()
         for start, i in index.items():
@@ -296,7 +297,7 @@ class CudaBackend:
             for stream in users:
                 self.memory_stream.wait(stream)  # type: ignore[arg-type]
             storage.close(self.memory_stream)  # type: ignore[attr-defined]
-        except Exception:  # noqa: S110  (a lost context frees everything when the process ends)
+        except Exception:
             pass
 
     def _bury(self) -> None:
@@ -333,7 +334,9 @@ class CudaBackend:
         self.make_current()
         core_stream: CoreStream = stream.native if stream is not None else self.memory_stream  # type: ignore[assignment]
         with self.driver_call("copying host memory to the device"):
-            self._view(tensor).copy_from(Buffer.from_handle(host.ctypes.data, tensor.nbytes, owner=host), stream=core_stream)
+            self._view(tensor).copy_from(
+                Buffer.from_handle(host.ctypes.data, tensor.nbytes, owner=host), stream=core_stream
+            )
             # Pageable host memory: wait, so the caller may reuse `array` at once.
             core_stream.sync()
 
@@ -412,12 +415,33 @@ class CudaBackend:
                     native = op.native = self._bind(op)
                 fn, config, args = native
                 launch(native_stream, config, fn, *args)  # type: ignore[arg-type]
+            # Copies and fills through the driver with raw addresses: cuda.core 1.2 copies and fills
+            # only between Buffer objects, and two Buffer wrappers per eager call cost more than the
+            # copy's own launch. note_eager_use above keeps the memory alive for the queued work.
             elif isinstance(op, Memcpy):
-                if op.dst.nbytes:
-                    self._view(op.dst).copy_from(self._view(op.src), stream=native_stream)  # type: ignore[arg-type]
+                dst, src = op.dst, op.src
+                if dst.nbytes:
+                    (err,) = driver.cuMemcpyAsync(
+                        dst.allocation.address + dst.offset,
+                        src.allocation.address + src.offset,
+                        dst.nbytes,
+                        native_stream.handle,  # type: ignore[attr-defined]
+                    )
+                    if err != _SUCCESS:
+                        raise RuntimeError(f"cuMemcpyAsync: {err.name}")
             elif isinstance(op, Memset):
-                if op.dst.nbytes:
-                    self._view(op.dst).fill(_fill_value(op.pattern), stream=native_stream)  # type: ignore[arg-type]
+                dst = op.dst
+                if dst.nbytes:
+                    pattern = op.pattern  # 1, 2 or 4 bytes (Memset refuses anything else)
+                    width = len(pattern)
+                    (err,) = _MEMSET[width](
+                        dst.allocation.address + dst.offset,
+                        int.from_bytes(pattern, "little"),
+                        dst.nbytes // width,
+                        native_stream.handle,  # type: ignore[attr-defined]
+                    )
+                    if err != _SUCCESS:
+                        raise RuntimeError(f"cuMemsetD{8 * width}Async: {err.name}")
         except CudaError:
             raise
         except Exception as exc:
@@ -571,7 +595,11 @@ class CudaBackend:
 
     def dlpack_device(self) -> tuple[int, int]:
         return (2, int(self.core.device_id))  # kDLCUDA
-def _add_programmatic_edges(definition: GraphDefinition, made: Sequence[CoreNode], nodes: Sequence[RecordedNode]) -> None:
+
+
+def _add_programmatic_edges(
+    definition: GraphDefinition, made: Sequence[CoreNode], nodes: Sequence[RecordedNode]
+) -> None:
     """Add every ``rec.programmatic`` edge as a programmatic dependency (DESIGN.md section 7).
 
     cuda.bindings, not cuda.core: cuda.core 1.2 makes only full edges (``pred``/``succ``,
@@ -598,3 +626,9 @@ def _add_programmatic_edges(definition: GraphDefinition, made: Sequence[CoreNode
 def _fill_value(pattern: bytes) -> int | bytes:
     """cuda.core takes an int for a 1-byte fill and a buffer of 2 or 4 bytes otherwise."""
     return pattern[0] if len(pattern) == 1 else pattern
+
+
+_SUCCESS = driver.CUresult.CUDA_SUCCESS
+# The eager fill for each pattern width: (address, value, count of units, stream). The pattern's
+# bytes are in memory order; the driver stores its value in the device's (little-endian) order.
+_MEMSET = {1: driver.cuMemsetD8Async, 2: driver.cuMemsetD16Async, 4: driver.cuMemsetD32Async}

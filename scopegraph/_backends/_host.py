@@ -96,7 +96,10 @@ def _thunk(op: GraphNode, values: Mapping[str, np.generic] | None = None) -> Cal
             raise BoundsError(
                 diagnostic(
                     f"the host reference of `{op.name}` failed: {exc}",
-                    [f"launched as {op.name}[{op.grid}, {op.block}]", *(f"{b.param}: {b.tensor.name} {b.tensor.shape}" for b in op.borrows)],
+                    [
+                        f"launched as {op.name}[{op.grid}, {op.block}]",
+                        *(f"{b.param}: {b.tensor.name} {b.tensor.shape}" for b in op.borrows),
+                    ],
                     help="the launch reads or writes past a tensor it was given (on a GPU: an illegal address); "
                     "check its size arguments, or declare them with @sg.kernel(..., touches=...)",
                 )
@@ -142,7 +145,7 @@ class _HostGraph:
 
     def order(self) -> list[int]:
         """A random topological order of the DAG, drawn from the seeded replay generator."""
-        sorter = TopologicalSorter({i: d for i, d in enumerate(self.deps)})
+        sorter = TopologicalSorter(dict(enumerate(self.deps)))
         sorter.prepare()
         ready: list[int] = []
         order: list[int] = []

@@ -44,18 +44,25 @@ def main(dev: Device, tokens: int | None = None, d: int | None = None, n_layers:
     default = default_size(dev)
     cfg = Config(d=default.d if d is None else d, n_layers=default.layers if n_layers is None else n_layers)
     tokens = default.tokens if tokens is None else tokens
-    print(f"scopegraph demo on {dev}: {cfg.n_layers} layers of RMSNorm -> Q matvec -> O matvec -> residual add, d={cfg.d}")
+    print(
+        f"scopegraph demo on {dev}: {cfg.n_layers} layers of RMSNorm -> Q matvec -> O matvec -> residual add, d={cfg.d}"
+    )
     if dev.is_host:
         print("  host backend: numpy stands in for the GPU, so the timings below mean nothing")
         if d is None:
-            print(f"  (host default width d={HOST.d}; the seed's model is d={SEED.d}: pass --d {SEED.d} for the full size)")
+            print(
+                f"  (host default width d={HOST.d}; the seed's model is d={SEED.d}: "
+                f"pass --d {SEED.d} for the full size)"
+            )
 
     model = LayerStack(dev, cfg)
     stream = dev.stream()
     t0 = time.perf_counter()
     graph = model.record_graph(stream)
-    print(f"  recorded and instantiated {len(graph.nodes)} nodes in {(time.perf_counter() - t0) * 1e3:.1f} ms "
-          f"({len(graph.edges)} dependency edges)")
+    print(
+        f"  recorded and instantiated {len(graph.nodes)} nodes in {(time.perf_counter() - t0) * 1e3:.1f} ms "
+        f"({len(graph.edges)} dependency edges)"
+    )
 
     # Validation: one token through graph replay, through eager ops, and through numpy float64.
     x0 = np.random.default_rng(7).standard_normal(cfg.d).astype(np.float32)
@@ -72,7 +79,10 @@ def main(dev: Device, tokens: int | None = None, d: int | None = None, n_layers:
     want = reference_forward(model.host_weights, x0, cfg.eps)
     err_eager, err_ref = relative_error(replayed, eager), relative_error(replayed, want)
     ok = err_eager < 1e-5 and err_ref < 1e-4
-    print(f"  validation: graph vs eager rel. error {err_eager:.2e}, graph vs float64 numpy {err_ref:.2e}: {'OK' if ok else 'FAILED'}")
+    print(
+        f"  validation: graph vs eager rel. error {err_eager:.2e}, "
+        f"graph vs float64 numpy {err_ref:.2e}: {'OK' if ok else 'FAILED'}"
+    )
 
     eager_s = timed_loop("eager", max(4, tokens // 8), lambda: model.run_eager(stream, ops), stream.sync)
     graph_s = timed_loop("graph", tokens, graph.launch, graph.sync)
@@ -105,8 +115,10 @@ def decode(dev: Device, model: LayerStack, stream: Stream, x0: np.ndarray[Any, A
         one.launch()
     one.sync()
     same = bool(np.array_equal(in_one, buf.out.numpy()))
-    print(f"  validation: {k} tokens from one launch vs {k} launches of the one-token graph: "
-          f"{'identical: OK' if same else 'DIFFERENT: FAILED'}")
+    print(
+        f"  validation: {k} tokens from one launch vs {k} launches of the one-token graph: "
+        f"{'identical: OK' if same else 'DIFFERENT: FAILED'}"
+    )
 
     def k_launches() -> None:
         stream.run(memset(buf.position.mut(), 0))
@@ -119,7 +131,8 @@ def decode(dev: Device, model: LayerStack, stream: Stream, x0: np.ndarray[Any, A
     many = f"{k} launches:"
     print(f"  decode, {'one launch:':<14}{1 / loop_s:10.1f} tokens/s  ({k} tokens per launch)")
     print(
-        f"  decode, {many:<14}{1 / launches_s:10.1f} tokens/s  (1 token per launch)  -> loop is {launches_s / loop_s:.2f}x"
+        f"  decode, {many:<14}{1 / launches_s:10.1f} tokens/s  (1 token per launch)  "
+        f"-> loop is {launches_s / loop_s:.2f}x"
     )
     loop.close()
     one.close()

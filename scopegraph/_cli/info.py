@@ -65,8 +65,14 @@ def probe_driver() -> Driver:
         for i in range(int(count)):
             (dev,) = _check(driver.cuDeviceGet(i), "cuDeviceGet")
             (raw,) = _check(driver.cuDeviceGetName(256, dev), "cuDeviceGetName")
-            (major,) = _check(driver.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev), "cuDeviceGetAttribute")
-            (minor,) = _check(driver.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev), "cuDeviceGetAttribute")
+            (major,) = _check(
+                driver.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev),
+                "cuDeviceGetAttribute",
+            )
+            (minor,) = _check(
+                driver.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev),
+                "cuDeviceGetAttribute",
+            )
             (memory,) = _check(driver.cuDeviceTotalMem(dev), "cuDeviceTotalMem")
             name = bytes(raw).split(b"\0", 1)[0].decode(errors="replace").strip()
             gpus.append(Gpu(i, name, f"sm_{major}{minor}", int(memory)))

@@ -114,7 +114,7 @@ class LayerStack:
         fused into the first matvec, the residual add into the second)."""
         cfg, hidden = self.cfg, self.hidden
         ops: list[GraphNode] = []
-        for w, b in zip(self.weights, self.buffers):
+        for w, b in zip(self.weights, self.buffers, strict=True):
             if form == "fused":
                 ops += [
                     library.rms_norm_matvec_op(b.q.mut(), hidden, w.norm_w, w.wq, cfg.eps),
@@ -206,7 +206,7 @@ def reference_forward(
 
 
 def relative_error(got: NDArray, want: NDArray) -> float:
-    """‖got − want‖ / ‖want‖ (NaN anywhere counts as infinitely wrong)."""
+    """‖got - want‖ / ‖want‖ (NaN anywhere counts as infinitely wrong)."""
     got64, want64 = got.astype(np.float64), want.astype(np.float64)
     if not np.all(np.isfinite(got64)):
         return float("inf")

@@ -22,7 +22,13 @@ def run(dev: Device, quick: bool) -> dict[str, Any]:
     w = dev.from_numpy(np.ones(WIDTH, np.float32), name="w").freeze()
     rows = []
     for k in CHAINS if not quick else (1, 4):
-        pairs = [(dev.from_numpy(rng.standard_normal(WIDTH, dtype=np.float32), name=f"a{i}"), dev.zeros((WIDTH,), name=f"b{i}")) for i in range(k)]
+        pairs = [
+            (
+                dev.from_numpy(rng.standard_normal(WIDTH, dtype=np.float32), name=f"a{i}"),
+                dev.zeros((WIDTH,), name=f"b{i}"),
+            )
+            for i in range(k)
+        ]
         ops = []
         for _ in range(LENGTH // 2):
             for a, b in pairs:  # ping-pong: a -> b -> a, each step depends on the last
@@ -36,6 +42,13 @@ def run(dev: Device, quick: bool) -> dict[str, Any]:
                     s.record(op)
             with s.graph as g:
                 times[order] = time_calls(g.launch, stream.sync, 20)["wall"]
-        rows.append({"chains": k, "length": LENGTH, "dataflow_s": times["dataflow"], "program_s": times["program"],
-                     "speedup": times["program"] / times["dataflow"]})
+        rows.append(
+            {
+                "chains": k,
+                "length": LENGTH,
+                "dataflow_s": times["dataflow"],
+                "program_s": times["program"],
+                "speedup": times["program"] / times["dataflow"],
+            }
+        )
     return {"rows": rows}

@@ -1,0 +1,122 @@
+"""Issue 11, cheaper ops: building an op takes fast paths (cached launchers, generated argument
+binders, cached scalars and fill patterns, a plain-case borrow check). Each test warms the fast
+path first, then checks that what the general path refuses is still refused with its own error,
+and that what it accepts binds to the same values."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import scopegraph as sg
+from scopegraph import library
+from scopegraph._errors import BorrowError, LifetimeError, SignatureError
+
+
+def _bits(value: object) -> bytes:
+    assert isinstance(value, np.generic)
+    return value.tobytes()
+
+
+def test_launch_shapes_are_cached_but_still_checked(sg_device: sg.Device) -> None:
+    add = library.add
+    assert add[2, 128] is add[2, 128]  # checked once per distinct shape
+    assert add[(2, 1), (128,)].grid == (2, 1, 1)
+    for bad in [(True, 128), (2.0, 128), (2, 128.0), ((2, True), 128), (0, 128), (2, 2048), [2, 128]]:
+        with pytest.raises(SignatureError):
+            add[bad]  # type: ignore[index]
+    np_grid = add[np.int64(2), 128]  # type: ignore[index]
+    assert np_grid.grid == (2, 1, 1) and type(np_grid.grid[0]) is int
+
+
+def test_generated_binder_keeps_every_argument_check(sg_device: sg.Device) -> None:
+    out, x = sg_device.zeros((256,), name="out"), sg_device.zeros((256,), name="x")
+    library.axpy_op(out.mut(), x, 2.0)  # warm: binder made, scalars cached
+    assert "def bind(op, a0, a1, a2, a3)" in (library.axpy._binder.__doc__ or "")
+    with pytest.raises(SignatureError, match="needs a mutable borrow"):
+        library.axpy[1, 256](out, x, 2.0, 256)  # type: ignore[arg-type]
+    with pytest.raises(SignatureError, match="only reads `x`"):
+        library.axpy[1, 256](out.mut(), x.mut(), 2.0, 256)  # type: ignore[arg-type]
+    with pytest.raises(SignatureError, match=r"expects sg\.i32"):
+        library.axpy[1, 256](out.mut(), x, 2.0, 256.0)  # type: ignore[arg-type]
+    with pytest.raises(SignatureError, match="cannot hold exactly"):
+        library.axpy[1, 256](out.mut(), x, 2.0, 2**31)
+    with pytest.raises(SignatureError, match="cannot hold exactly"):
+        library.axpy[1, 256](out.mut(), x, 1e39, 256)  # overflows f32
+    with pytest.raises(SignatureError, match="would touch 257 elements"):
+        library.axpy[1, 256](out.mut(), x, 2.0, 257)
+    with pytest.raises(SignatureError, match="dtype"):
+        library.axpy[1, 256](out.mut(), sg_device.zeros((256,), sg.f64), 2.0, 256)
+    # Keyword arguments take the general path and bind the same values.
+    a = library.axpy[1, 256](out.mut(), x, 2.0, 256)
+    b = library.axpy[1, 256](out=out.mut(), x=x, a=2.0, n=256)
+    assert [_bits(v) for v in a.args[2:]] == [_bits(v) for v in b.args[2:]]
+    assert a.args[2].dtype == np.float32 and a.args[3].dtype == np.int32
+
+
+def test_scalar_cache_keeps_the_sign_of_zero(sg_device: sg.Device) -> None:
+    out = sg_device.zeros((4,))
+    for value in (0.0, -0.0, 0.0, -0.0):
+        op = library.fill[1, 4](out.mut(), value, 4)
+        assert _bits(op.args[1]) == _bits(np.float32(value))
+    assert library.fill[1, 4](out.mut(), 0.1, 4).args[1] == np.float32(0.1)
+    assert library.fill[1, 4](out.mut(), 1, 4).args[1] == np.float32(1.0)  # an int for a float: general path
+
+
+def test_fast_borrow_check_still_refuses(sg_device: sg.Device) -> None:
+    a, b, c = (sg_device.zeros((256,), name=n) for n in "abc")
+    library.add_op(c.mut(), a, b)  # warm
+    library.add_op(c.mut(), a, a)  # two shared borrows of one tensor: fine
+    with pytest.raises(BorrowError, match="also borrowed as mutable"):
+        library.add_op(c.mut(), c, b)  # type: ignore[scopegraph-borrow]
+    with pytest.raises(BorrowError, match="also borrowed as mutable"):
+        library.add[1, 128](c[:128].mut(), a, c[64:192], 128)  # overlapping views
+    library.add[1, 128](c[:128].mut(), a, c[128:], 128)  # disjoint views of one allocation
+    with pytest.raises(BorrowError, match="frozen"):
+        library.add_op(a.freeze().mut(), b, c)
+    library.add_op(c.mut(), a, b)  # a frozen tensor may still be read
+    b.free()
+    with pytest.raises(LifetimeError, match="freed"):
+        library.add_op(c.mut(), a, b)
+
+
+def test_memset_and_memcpy_fast_paths_still_refuse(sg_device: sg.Device, sg_stream: sg.Stream) -> None:
+    x, y = sg_device.zeros((8,), name="x"), sg_device.zeros((8,), name="y")
+    assert sg.memset(x.mut(), 0.0).pattern == np.float32(0.0).tobytes()
+    assert sg.memset(x.mut(), -0.0).pattern == np.float32(-0.0).tobytes()  # not the cached +0.0
+    assert sg.memset(x.mut(), 2.0).pattern is sg.memset(x.mut(), 2.0).pattern  # cached
+    with pytest.raises(SignatureError, match="cannot hold exactly"):
+        sg.memset(x.mut(), 1e39)
+    with pytest.raises(SignatureError, match="sizes differ"):
+        sg.memcpy(x.mut(), sg_device.zeros((4,)))
+    with pytest.raises(BorrowError, match="also borrowed as mutable"):
+        sg.memcpy(x[:4].mut(), x[2:6])
+    sg.memcpy(x[:4].mut(), x[4:])
+    y.freeze()
+    with pytest.raises(BorrowError, match="frozen"):
+        sg.memset(y.mut(), 2.0)
+    with pytest.raises(BorrowError, match="frozen"):
+        sg.memcpy(y.mut(), x)
+    x.free()
+    with pytest.raises(LifetimeError, match="freed"):
+        sg.memset(x.mut(), 2.0)
+    with pytest.raises(LifetimeError, match="freed"):
+        sg.memcpy(sg_device.zeros((8,)).mut(), x)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "value"),
+    [(sg.uint8, 7), (sg.float16, -1.5), (sg.int16, -2), (sg.float32, 3.25), (sg.int32, -5), (sg.float64, 0.0)],
+)
+def test_eager_memset_and_memcpy_write_every_width(
+    sg_device: sg.Device, sg_stream: sg.Stream, dtype: sg.DType, value: float
+) -> None:
+    """Eager fills of 1-, 2- and 4-byte patterns (the CUDA backend picks cuMemsetD8/D16/D32) and
+    copies between views at offsets write exactly their bytes."""
+    x = sg_device.full((6,), 1, dtype)
+    sg_stream.run(sg.memset(x[1:5].mut(), value))
+    expect = np.array([1, value, value, value, value, 1], dtype.numpy)
+    np.testing.assert_array_equal(x.numpy(), expect)
+    y = sg_device.zeros((6,), dtype)
+    sg_stream.run(sg.memcpy(y[2:6].mut(), x[:4]))
+    np.testing.assert_array_equal(y.numpy(), np.concatenate([np.zeros(2, dtype.numpy), expect[:4]]))
