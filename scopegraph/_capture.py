@@ -634,22 +634,4 @@ class Region:
             context.__exit__(None, None, None)
 
 
-class Entry:
-    """``Scope.capture`` delegates here (registered below: ``_scope`` cannot import this module)."""
-
-    @staticmethod
-    def capture(
-        scope: Scope,
-        writes: Sequence[Mut[Tensor]],
-        reads: Sequence[Tensor],
-        host: Callable[..., object] | None,
-        via: str,
-        name: str,
-        keep: Sequence[object],
-        mode: str,
-        where: tuple[str, int],
-    ) -> Region:
-        return Region(scope, writes, reads, host, via, name, keep, mode, where)
-
-
-_scope.capture = Entry
+_scope.capture = Region  # `_scope` cannot import this module: it registers the class instead

@@ -25,7 +25,6 @@ from ._stream import Stream, check_runnable
 from ._tracker import ORDERS, DataflowTracker, ProgramOrderTracker
 
 if TYPE_CHECKING:
-    from ._capture import Entry as CaptureEntry
     from ._capture import Region
     from ._control import Block, Body, Entry
     from ._graph import CudaGraph
@@ -39,7 +38,7 @@ control: type[Entry] | None = None
 # entry point here on import. ``finishing`` holds checks that a clean exit runs on the records
 # before the graph is built (``_collectives`` registers the check that every rank recorded the
 # same collectives).
-capture: type[CaptureEntry] | None = None
+capture: type[Region] | None = None
 finishing: list[Callable[[Sequence[RecordedNode]], None]] = []
 
 
@@ -221,7 +220,7 @@ class Scope:
         ordered by the declared borrows; the host backend runs ``host(*writes, *reads)`` on numpy
         views instead. See ``scopegraph._capture``."""
         assert capture is not None, "scopegraph._capture registers itself on import"
-        return capture.capture(self, writes, reads, host, via, name, keep, mode, _frame(1))
+        return capture(self, writes, reads, host, via, name, keep, mode, _frame(1))
 
     def _add_join(self, index: int, deps: frozenset[int]) -> None:
         """The tracker's join nodes, recorded where the op that needed them was."""

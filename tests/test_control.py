@@ -5,7 +5,7 @@ decode loop against K launches of its one-token graph."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -85,19 +85,6 @@ def i32(dev: sg.Device, value: int, name: str) -> sg.Tensor:
 def raised_at_this_line(info: pytest.ExceptionInfo[BaseException], text: str) -> bool:
     """The traceback passes through this file at a line containing ``text`` (the user's line)."""
     return any(Path(str(e.path)) == HERE and text in str(e.statement) for e in info.traceback)
-
-
-@pytest.fixture
-def builds(sg_device: sg.Device, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
-    calls: list[int] = []
-    real = sg_device.backend.build
-
-    def counting(nodes: object, stream: sg.Stream) -> object:
-        calls.append(1)
-        return real(nodes, stream)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(sg_device.backend, "build", counting)
-    yield calls
 
 
 # -- iteration bounds (first: on a GPU a broken bound would hang the rest) ------------------------

@@ -3,7 +3,7 @@ with nothing left pinned or recording, and the stream still usable afterwards.""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -12,20 +12,6 @@ import scopegraph as sg
 from scopegraph import CudaGraph, Mut, Tensor, library
 
 from .helpers import assert_stream_usable, pinned
-
-
-@pytest.fixture
-def builds(sg_device: sg.Device, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
-    """Counts backend graph builds (instantiations) made during the test."""
-    calls: list[int] = []
-    real = sg_device.backend.build
-
-    def counting(nodes: object, stream: sg.Stream) -> object:
-        calls.append(1)
-        return real(nodes, stream)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(sg_device.backend, "build", counting)
-    yield calls
 
 
 def fails_in_scope(
