@@ -111,11 +111,12 @@ class Stream:
 def check_runnable(op: GraphNode, stream: Stream) -> None:
     """What must hold when a graph node is run or recorded: live memory, nothing frozen written
     (``freeze()`` may have come after the op was built), the stream's device."""
-    borrows = op.borrows
-    for b in borrows:
-        if b.alloc.freed:
+    for b in op.borrows:
+        alloc = b.alloc
+        if alloc.freed:
             b.tensor.check_alive()
-    check_frozen(op.name, borrows)
+        if b.mutable and alloc.region.frozen:
+            check_frozen(op.name, [b])  # the name only when a frozen region is in play
     device = op.device
     if device is not stream.device and device is not None:
         raise SignatureError(
