@@ -7,6 +7,7 @@ device, so tensors compare devices by identity.
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 from typing import TYPE_CHECKING, Any
@@ -68,7 +69,12 @@ class Device:
     ) -> Tensor:
         """A new, uninitialised tensor."""
         dims, dt = _shape(shape), as_dtype(dtype)
-        nbytes = int(np.prod(dims, dtype=np.int64)) * dt.itemsize
+        nbytes = math.prod(dims) * dt.itemsize  # Python ints: numpy's int64 would wrap silently
+        if nbytes > MAX_ALLOCATION:
+            raise SignatureError(
+                f"a tensor of shape {dims} and dtype {dt.name} needs {nbytes} bytes, more than any device holds\n"
+                "help: check the shape; allocate what the program needs"
+            )
         storage, address = self.backend.allocate(nbytes)
         return Tensor(self.adopt(storage, address, nbytes, name, borrowed=False), 0, dims, dt)
 
@@ -100,8 +106,14 @@ class Device:
     def from_numpy(self, array: np.ndarray[Any, Any], name: str | None = None, stream: Stream | None = None) -> Tensor:
         """A new tensor holding a copy of ``array`` (copied on ``stream`` if given, and complete
         when this returns)."""
-        if stream is not None and stream.recording is not None:
-            stream.check_not_recording("copy an array to the device (dev.from_numpy)")
+        if stream is not None:
+            if not isinstance(stream, Stream):
+                raise SignatureError(
+                    f"dev.from_numpy(stream=) takes a scopegraph Stream, not {type(stream).__name__}\n"
+                    "help: pass dev.stream(), or leave stream out"
+                )
+            if stream.recording is not None:
+                stream.check_not_recording("copy an array to the device (dev.from_numpy)")
         if not isinstance(array, np.ndarray):
             raise SignatureError(
                 f"dev.from_numpy() takes a numpy array, not {type(array).__name__}\n"
@@ -119,6 +131,9 @@ class Device:
         return tensor
 
 
+# More than any device can address (2**48 bytes): refused before the backend is asked.
+MAX_ALLOCATION = 1 << 48
+
 _devices: dict[str, Device] = {}
 _lock = threading.Lock()
 
@@ -132,6 +147,11 @@ def device(spec: str | Device | None = None) -> Device:
         return spec
     if spec is None:
         spec = os.environ.get("SCOPEGRAPH_DEVICE") or ("cuda" if cuda_device_count() else "host")
+    if not isinstance(spec, str):
+        raise SignatureError(
+            f"sg.device() takes a device name, not {type(spec).__name__} {spec!r}\n"
+            'help: use "host", "cuda", "cuda:N", a Device, or None to pick'
+        )
     key = spec.strip().lower()
     if key == "cuda":
         key = "cuda:0"

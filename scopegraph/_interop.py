@@ -14,7 +14,7 @@ stream wait for the work queued on the tensor's memory.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -22,14 +22,18 @@ from . import _tensor
 from ._device import device
 from ._dtypes import as_dtype
 from ._errors import ScopeGraphError, SignatureError, diagnostic
+from ._stream import Stream
 from ._tensor import Tensor
-
-if TYPE_CHECKING:
-    from ._stream import Stream
 
 
 def tensor_from_foreign(obj: Any, name: str | None = None, stream: Stream | None = None) -> Tensor:
-    """A borrowed Tensor over ``obj``'s memory (device memory, or host memory on the host backend)."""
+    """A borrowed Tensor over ``obj``'s memory (device memory, or host memory on the host backend).
+    Read-only memory (a read-only numpy array, a read-only DLPack export) comes back frozen."""
+    if stream is not None and not isinstance(stream, Stream):
+        raise SignatureError(
+            f"from_dlpack(stream=) takes a scopegraph Stream, not {type(stream).__name__}\n"
+            "help: pass dev.stream() or sg.Stream.from_handle(obj), or leave stream out"
+        )
     try:
         is_device = hasattr(obj, "__cuda_array_interface__") or (
             hasattr(obj, "__dlpack_device__") and obj.__dlpack_device__()[0] in (2, 3)  # kDLCUDA, kDLCUDAHost
@@ -55,7 +59,8 @@ def _wrap_host(obj: Any, name: str | None) -> Tensor:
     dev = device("host")
     storage = arr.reshape(-1).view(np.uint8)
     alloc = dev.adopt(storage, int(arr.ctypes.data), arr.nbytes, name, borrowed=True)
-    return Tensor(alloc, 0, arr.shape, as_dtype(arr.dtype))
+    tensor = Tensor(alloc, 0, arr.shape, as_dtype(arr.dtype))
+    return tensor if arr.flags.writeable else tensor.freeze()  # read-only memory is frozen memory
 
 
 def _wrap_device(obj: Any, name: str | None, stream: Stream | None) -> Tensor:
@@ -84,7 +89,8 @@ def _wrap_device(obj: Any, name: str | None, stream: Stream | None) -> Tensor:
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     buf = Buffer.from_handle(view.ptr, max(nbytes, 1), owner=obj)
     alloc = dev.adopt(buf, int(view.ptr), nbytes, name, borrowed=True)
-    return Tensor(alloc, 0, shape, dtype)
+    tensor = Tensor(alloc, 0, shape, dtype)
+    return tensor.freeze() if view.readonly else tensor  # read-only memory is frozen memory
 
 
 def _cai_device(obj: Any) -> int:

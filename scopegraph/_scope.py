@@ -10,6 +10,7 @@ everything, so the stream stays usable and nothing leaks.
 from __future__ import annotations
 
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from enum import Enum
 from types import TracebackType
@@ -40,6 +41,9 @@ control: type[Entry] | None = None
 # same collectives).
 capture: type[Region] | None = None
 finishing: list[Callable[[Sequence[RecordedNode]], None]] = []
+
+
+_opening = threading.Lock()
 
 
 class _State(Enum):
@@ -106,7 +110,7 @@ class Scope:
                 f"CudaGraph.scope() needs a scopegraph Stream, not {type(stream).__name__}\n"
                 "help: use dev.stream(), or sg.Stream.from_handle(obj) for another library's stream"
             )
-        tracker = ORDERS.get(order)
+        tracker = ORDERS.get(order) if isinstance(order, str) else None
         if tracker is None:
             raise SignatureError(
                 f'order={order!r} is not an ordering\nhelp: use order="dataflow" (default) or order="program"'
@@ -139,7 +143,10 @@ class Scope:
     def __enter__(self) -> Self:
         if self._state is not _State.NEW:
             raise ScopeStateError("this scope was already used\nhelp: open a new one with CudaGraph.scope(stream)")
-        outer = self.stream.recording
+        with _opening:  # two threads must not both open a scope on one stream
+            outer = self.stream.recording
+            if outer is None:
+                self.stream.recording = self
         if outer is not None:
             raise ScopeStateError(
                 diagnostic(
@@ -148,7 +155,6 @@ class Scope:
                     help="finish the outer scope first, or record the inner work on another stream",
                 )
             )
-        self.stream.recording = self
         self._state = _State.OPEN
         return self
 

@@ -126,7 +126,13 @@ class Tensor:
         rows = self.shape[0]
         row_bytes = self.nbytes // rows if rows else 0
         if isinstance(index, slice):
-            start, stop, step = index.indices(rows)
+            try:
+                start, stop, step = index.indices(rows)
+            except (TypeError, ValueError):
+                raise SignatureError(
+                    f"`{self.name}[{index.start}:{index.stop}:{index.step}]` is not a row slice\n"
+                    "help: slice rows with ints and step 1, e.g. t[2:5]"
+                ) from None
             if step != 1:
                 raise SignatureError(
                     f"`{self.name}[{index.start}:{index.stop}:{index.step}]` is strided; "

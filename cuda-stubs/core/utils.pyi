@@ -8,6 +8,7 @@ from . import Buffer, ObjectCode, ProgramOptions
 class StridedMemoryView:
     ptr: int
     device_id: int
+    readonly: bool
     @classmethod
     def from_any_interface(cls, obj: object, stream_ptr: int | None = None) -> StridedMemoryView: ...
     @classmethod

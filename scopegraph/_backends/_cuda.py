@@ -287,18 +287,23 @@ class CudaBackend:
 
     def retire(self, storage: object, users: set[object], borrowed: bool) -> None:
         """Release memory after the work of every stream in ``users`` (see the module docstring).
-        Runs from free() and from garbage collection, so it never raises."""
+        Runs from free() and from garbage collection, so it never raises: if the ordering cannot
+        be set up (another thread adding a user meanwhile, a stream already gone), it falls back
+        to waiting for the whole device, which is slow but never frees memory early."""
         try:
             self.make_current()
+            streams = list(users)
             if borrowed:
-                self._graveyard.append(([stream.record() for stream in users], storage))  # type: ignore[attr-defined]
+                self._graveyard.append(([stream.record() for stream in streams], storage))  # type: ignore[attr-defined]
                 self._bury()
                 return
-            for stream in users:
+            for stream in streams:
                 self.memory_stream.wait(stream)  # type: ignore[arg-type]
-            storage.close(self.memory_stream)  # type: ignore[attr-defined]
         except Exception:
-            pass
+            with contextlib.suppress(Exception):  # after a sticky fault nothing works; the process is ending
+                self.core.sync()
+        with contextlib.suppress(Exception):
+            storage.close(self.memory_stream)  # type: ignore[attr-defined]
 
     def _bury(self) -> None:
         """Drop the foreign owners whose users have finished."""
