@@ -210,17 +210,24 @@ def report(f: Figures, check_tokens: int = 8) -> list[str]:
     return lines
 
 
+def ranks_match(comm: Communicator, gpus: int, command: str) -> bool:
+    """Is there one process per requested GPU? Rank 0 says what to run when there is not."""
+    if comm.world_size == gpus:
+        return True
+    if comm.rank == 0:
+        print(
+            f"scopegraph {command}: --gpus {gpus} needs {gpus} processes, one per GPU, but this program has "
+            f"{comm.world_size}\nhelp: run `torchrun --nproc-per-node {gpus} -m scopegraph {command} --gpus {gpus}`",
+            file=sys.stderr,
+        )
+    return False
+
+
 def demo(spec: str | None, tokens: int | None, d: int | None, n_layers: int | None, gpus: int) -> int:
     """``python -m scopegraph demo --gpus N``: 0 when the split model's tokens equal the single-GPU model's."""
     comm = init_distributed(spec)
     try:
-        if comm.world_size != gpus:
-            if comm.rank == 0:
-                print(
-                    f"scopegraph demo: --gpus {gpus} needs {gpus} processes, one per GPU, but this program has "
-                    f"{comm.world_size}\nhelp: run `torchrun --nproc-per-node {gpus} -m scopegraph demo --gpus {gpus}`",
-                    file=sys.stderr,
-                )
+        if not ranks_match(comm, gpus, "demo"):
             return 2
         dev = comm.device
         host = dev.is_host

@@ -5,14 +5,13 @@ second. Rank 0 writes DIR/bench-tp.json and DIR/bench-tp.txt and prints the tabl
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from ... import init_distributed
 from ..seed_model import Config
-from ..tp import TOLERANCE, measure
+from ..tp import TOLERANCE, measure, ranks_match
 from ._timing import environment
 
 
@@ -37,13 +36,7 @@ def format_rows(r: dict[str, Any]) -> list[str]:
 def main(out_dir: Path, spec: str | None, quick: bool, gpus: int) -> int:
     comm = init_distributed(spec)
     try:
-        if comm.world_size != gpus:
-            if comm.rank == 0:
-                print(
-                    f"scopegraph bench: --gpus {gpus} needs {gpus} processes, this program has {comm.world_size}\n"
-                    f"help: run `torchrun --nproc-per-node {gpus} -m scopegraph bench --gpus {gpus}`",
-                    file=sys.stderr,
-                )
+        if not ranks_match(comm, gpus, "bench"):
             return 2
         dev = comm.device
         sizes = [(256, 4)] if dev.is_host else ([(2048, 22)] if quick else [(512, 22), (2048, 22)])
