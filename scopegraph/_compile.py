@@ -14,6 +14,14 @@ are refused.
 
 Compiling to ``cubin`` for an explicit architecture needs no driver, so CI (no GPU) compiles
 every shipped kernel; loading the result (``get_kernel``) is the CUDA backend's business.
+
+A ``pdl=True`` kernel compiled for sm_90 or later is checked to wait (DESIGN.md section 7): the
+PTX that NVRTC made on the way to the cubin (read from the same program, no second compile) must
+have ``griddepcontrol.wait`` in the kernel's entry point or in a device function reachable from
+it (``call`` targets and other references, through ``.func`` bodies). If not, the kernel is
+refused with a PdlWaitError before anything is loaded. The verdict is kept with the cubin, in
+memory and in the symbols entry on disk, so the check runs once per cache key; a cubin without a
+verdict (compiled for a ``pdl=False`` twin, or by an older scopegraph) is compiled once more.
 """
 
 from __future__ import annotations
@@ -22,11 +30,12 @@ import functools
 import hashlib
 import json
 import os
+import re
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ._errors import CompileError, ScopeGraphError, diagnostic
+from ._errors import CompileError, PdlWaitError, ScopeGraphError, diagnostic
 
 if TYPE_CHECKING:
     from cuda.core import ObjectCode, ProgramOptions
@@ -35,6 +44,9 @@ if TYPE_CHECKING:
     from ._kernel import Kernel
 
 _memory: dict[bytes, ObjectCode] = {}
+# The PDL wait check's verdicts by cache key (True: the entry point reaches griddepcontrol.wait);
+# only for pdl=True kernels compiled for sm_90+. A verdict is a function of the key alone.
+_waits: dict[bytes, bool] = {}
 _lock = threading.Lock()
 
 # Options that write a file as a side effect of compiling (a cache hit would skip it), or read a
@@ -43,7 +55,8 @@ _UNCACHEABLE = ("create_pch", "time", "fdevice_time_trace", "pch", "use_pch", "p
 
 
 class _BadCompileInput(CompileError):
-    """A kernel's compile options are unusable before NVRTC runs: ``log`` says why."""
+    """A kernel cannot be compiled for a reason NVRTC's log does not give (unusable options, or no
+    PTX for the pdl=True wait check): ``log`` says why."""
 
     def __init__(self, kernel: Kernel[Any], problem: str, help: str) -> None:
         self.kernel_name = kernel.name_expression
@@ -175,43 +188,173 @@ def _cache_key(kernel: Kernel[Any], arch: str) -> tuple[ProgramOptions, bytes]:
 
 
 def compile_kernel(kernel: Kernel[Any], arch: str) -> ObjectCode:
-    """The compiled module holding ``kernel.name_expression`` for ``arch`` (e.g. ``"sm_90"``)."""
+    """The compiled module holding ``kernel.name_expression`` for ``arch`` (e.g. ``"sm_90"``).
+
+    A ``pdl=True`` kernel that never executes ``griddepcontrol.wait`` is a PdlWaitError on sm_90+
+    (see the module docstring); the refusal is cached like the cubin."""
     options, key = _cache_key(kernel, arch)
+    check = kernel.pdl and _has_pdl(arch)
     with _lock:
         found = _memory.get(key)
-        if found is None:
+        waits = _waits.get(key) if check else True
+        if found is None or waits is None:
             disk = _disk_cache(cache_dir())
-            found = _memory[key] = (disk is not None and _load(disk, key)) or _compile(kernel, options, disk, key)
+            if disk is not None:
+                loaded, verdict = _load(disk, key)
+                if found is None:
+                    found = loaded
+                if waits is None:
+                    waits = verdict
+            if found is None or waits is None:
+                found, waits = _compile(kernel, options, disk, key, check)
+            _memory[key] = found
+            if check:
+                _waits[key] = waits
+    if not waits:
+        raise PdlWaitError(kernel.name_expression, arch)
     return found
 
 
-def _load(disk: FileStreamProgramCache, key: bytes) -> ObjectCode | None:
+def _has_pdl(arch: str) -> bool:
+    """Whether programmatic edges exist for ``arch``: sm_90 (Hopper) and later."""
+    number = re.search(r"\d+", arch)
+    return number is not None and int(number.group()) >= 90
+
+
+# In the symbols entry on disk, next to the name expressions: the PDL check's verdict. No name
+# expression can be this (it names no kernel), and an older reader takes it for one more symbol.
+# The suffix versions the check: a changed check must not trust verdicts an older one cached.
+_VERDICT = "griddepcontrol.wait check 1"
+
+
+def _load(disk: FileStreamProgramCache, key: bytes) -> tuple[ObjectCode | None, bool | None]:
+    """The cached module (None: not on disk) and the PDL check's verdict (None: never checked)."""
     from cuda.core import ObjectCode
 
     cubin, symbols = disk.get(key), disk.get(key + b".symbols")
     if cubin is None or symbols is None:
-        return None
+        return None, None
+    names = json.loads(symbols)
+    verdict = names.pop(_VERDICT, None)
     # The same form NVRTC's own result carries: name expression -> mangled name as bytes.
-    mapping = {name: sym.encode() for name, sym in json.loads(symbols).items()}
-    return ObjectCode.from_cubin(cubin, symbol_mapping=mapping)
+    mapping = {name: sym.encode() for name, sym in names.items()}
+    return ObjectCode.from_cubin(cubin, symbol_mapping=mapping), None if verdict is None else verdict == "reached"
 
 
 def _compile(
-    kernel: Kernel[Any], options: ProgramOptions, disk: FileStreamProgramCache | None, key: bytes
-) -> ObjectCode:
+    kernel: Kernel[Any], options: ProgramOptions, disk: FileStreamProgramCache | None, key: bytes, check: bool
+) -> tuple[ObjectCode, bool]:
+    """Compile with NVRTC; with ``check``, also whether the entry point reaches griddepcontrol.wait."""
     from cuda.core import Program
 
+    program: Any = None  # kept for the PTX; the check reads it from the same NVRTC program
     try:
-        code = Program(kernel.source, "c++", options).compile("cubin", name_expressions=(kernel.name_expression,))
+        program = Program(kernel.source, "c++", options)
+        code = program.compile("cubin", name_expressions=(kernel.name_expression,))
     except Exception as exc:  # cuda.core raises NVRTCError (a RuntimeError) carrying the log
+        # Freed now, not by the cycle collector through the traceback's frame: cuda.core's
+        # Program.__dealloc__ fails on an object the collector has already cleared.
+        program = None
         raise CompileError(
             kernel.name_expression, str(exc), [f"arch={options.arch}", *(f"{k}={v}" for k, v in kernel.options)]
         ) from None
+    symbols = {name: sym.decode() if isinstance(sym, bytes) else sym for name, sym in code.symbol_mapping.items()}
+    waits = True
+    if check:
+        waits = reaches_wait(
+            _ptx(kernel, options, program), symbols.get(kernel.name_expression) or kernel.name_expression
+        )
+        symbols[_VERDICT] = "reached" if waits else "missing"
     if disk is not None:
-        symbols = {name: sym.decode() if isinstance(sym, bytes) else sym for name, sym in code.symbol_mapping.items()}
         try:
             disk[key] = code
             disk[key + b".symbols"] = json.dumps(symbols).encode()
         except OSError:
             pass
-    return code
+    return code, waits
+
+
+def _ptx(kernel: Kernel[Any], options: ProgramOptions, program: Any) -> str:
+    """The PTX NVRTC generated for the cubin just compiled (NVRTC keeps it; nothing is recompiled)."""
+    # cuda.bindings: cuda.core's Program returns only the code type it was asked for; a second
+    # compile("ptx") would double the NVRTC time, and cuda.core 1.2 checks the driver first.
+    from cuda.bindings import nvrtc
+
+    handle = program.handle
+    err, size = nvrtc.nvrtcGetPTXSize(handle)
+    buffer = bytearray(size)
+    if err == nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        (err,) = nvrtc.nvrtcGetPTX(handle, buffer)
+    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        raise _BadCompileInput(
+            kernel,
+            f"NVRTC did not return the PTX that the pdl=True wait check reads ({err}, arch={options.arch})",
+            "report this with the kernel's source; declaring the kernel without pdl=True skips the check",
+        )
+    return buffer.rstrip(b"\0").decode(errors="replace")
+
+
+# PTX lexing for the wait check: comments, the header directives (no semicolon; .file holds a
+# quoted path), the definitions' names, and identifiers.
+_COMMENTS = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
+_HEADER = re.compile(r"^[ \t]*\.(?:version|target|address_size|file)\b[^\n]*", re.M)
+_FUNCTION = re.compile(r"\.(entry|func)\s+(?:\([^)]*\)\s*)?([A-Za-z_$%][\w$]*)")
+_VARIABLE = re.compile(r"([A-Za-z_$%][\w$]*)\s*(?:\[[^\]]*\]\s*)*(?:=|;)")
+_IDENTIFIER = re.compile(r"[A-Za-z_$%][\w$]*")
+_WAIT = re.compile(r"\bgriddepcontrol\.wait\b")
+
+
+def _definitions(ptx: str) -> tuple[dict[str, str], dict[str, str]]:
+    """The module's top-level definitions, by name: (entries, device functions and variables), each
+    with its text (a function's body; a variable's initializer). Declarations without a body
+    (``.extern .func f(...);``) count as empty definitions."""
+    text = _HEADER.sub("", _COMMENTS.sub("", ptx))
+    entries: dict[str, str] = {}
+    others: dict[str, str] = {}
+    depth, start, closes = 0, 0, True
+    for mark in re.finditer(r"[{};]", text):
+        char, at = mark.group(), mark.start()
+        if char == "{":
+            if depth == 0:  # a function body ends at its brace; a variable's {initializer} at the ';'
+                closes = "=" not in text[start:at]
+            depth += 1
+            continue
+        if char == "}":
+            depth -= 1
+            if depth > 0 or not closes:
+                continue
+        elif depth > 0:
+            continue
+        item, start = text[start : at + 1], at + 1
+        function = _FUNCTION.search(item)
+        if function is not None:
+            table = entries if function.group(1) == "entry" else others
+            table[function.group(2)] = table.get(function.group(2), "") + item[function.end() :]
+        else:
+            variable = _VARIABLE.search(item)
+            if variable is not None:
+                others[variable.group(1)] = others.get(variable.group(1), "") + item[variable.end() :]
+    return entries, others
+
+
+def reaches_wait(ptx: str, entry: str) -> bool:
+    """Whether ``griddepcontrol.wait`` is in the PTX of ``entry`` (a ``.entry``'s mangled name) or of
+    a device function it reaches: ``call`` targets, and every other ``.func`` or module variable
+    (a function-pointer table) that reachable code names, followed transitively. Other kernels
+    (``.entry``) are not followed: launching a child kernel that waits is not waiting. Presence is
+    the test, not control flow: a wait in a branch, or after the first read, still counts."""
+    entries, others = _definitions(ptx)
+    body = entries.get(entry)
+    if body is None:
+        return False
+    seen: set[str] = set()
+    todo = [body]
+    while todo:
+        text = todo.pop()
+        if _WAIT.search(text):
+            return True
+        for name in set(_IDENTIFIER.findall(text)) - seen:
+            if name in others:
+                seen.add(name)
+                todo.append(others[name])
+    return False

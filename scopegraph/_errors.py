@@ -57,6 +57,38 @@ class CompileError(ScopeGraphError):
         )
 
 
+class PdlWaitError(CompileError):
+    """A kernel declared ``pdl=True`` never waits for its predecessors (DESIGN.md section 7).
+
+    Compiling a ``pdl=True`` kernel for sm_90 or later checks that ``griddepcontrol.wait`` (what
+    ``cudaGridDependencySynchronize()`` emits) is in the compiled code of its entry point or of a
+    device function the entry calls. A programmatic edge starts such a kernel while its
+    predecessors still run, so one that never waits reads their outputs before they are written.
+    The check is by presence, not control flow: it catches a kernel that never waits, not one that
+    waits too late, only in some threads, or only on some paths. Below sm_90 it does not run (no
+    edge is programmatic there). ``kernel_name`` and ``arch`` say which compilation was refused."""
+
+    def __init__(self, kernel_name: str, arch: str, notes: Iterable[str] = ()) -> None:
+        self.kernel_name = kernel_name
+        self.arch = arch
+        self.log = f"no griddepcontrol.wait reachable from the entry point of `{kernel_name}` ({arch})"
+        ScopeGraphError.__init__(
+            self,
+            diagnostic(
+                f"kernel `{kernel_name}` is declared pdl=True but never waits for its predecessors "
+                f"(compiled for {arch}, its code has no griddepcontrol.wait)",
+                [
+                    "a programmatic edge starts it while its predecessors still run: "
+                    "without the wait it would read their outputs before they are written",
+                    *notes,
+                ],
+                help="call cudaGridDependencySynchronize() (from <cuda_device_runtime_api.h>) or "
+                'asm volatile("griddepcontrol.wait;" ::: "memory") in every thread before it reads its '
+                "predecessors' outputs, or drop pdl=True",
+            ),
+        )
+
+
 # Errors after which the CUDA context is unusable: every later call in the process fails.
 STICKY_RESULTS = frozenset(
     {

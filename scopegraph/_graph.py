@@ -287,14 +287,17 @@ class CudaGraph:
 
     @property
     def edges(self) -> list[tuple[int, int]]:
-        """Dependency edges as (predecessor index, node index), programmatic ones included."""
+        """Dependency edges as (predecessor index, node index), programmatic ones included: every
+        ordering the tracker found. The CUDA graph itself leaves out the edges that others imply
+        (a node waiting for two nodes of one chain waits for the later one only; see
+        ``scopegraph._tracker.without_implied``), which orders the same work."""
         return [(d, n.index) for n in self.nodes for d in sorted(n.deps)]
 
     @property
     def programmatic_edges(self) -> list[tuple[int, int]]:
-        """The edges that are programmatic in the built graph (a subset of ``edges``): between
-        PDL kernels, on a GPU of sm_90 or later; empty on the host backend, below sm_90 and for
-        ``CudaGraph.scope(stream, pdl=False)`` (see ``scopegraph._pdl``)."""
+        """The edges that are programmatic (a subset of ``edges``; those the CUDA graph keeps are
+        programmatic there): between PDL kernels, on a GPU of sm_90 or later; empty on the host
+        backend, below sm_90 and for ``CudaGraph.scope(stream, pdl=False)`` (see ``scopegraph._pdl``)."""
         if not getattr(self.executable, "pdl", False):
             return []
         return [(d, n.index) for n in self.nodes for d in sorted(n.programmatic)]

@@ -363,18 +363,19 @@ class Launcher(Generic[P]):
     plugin retypes it as ``Launcher[P]`` to name the kernel and check borrows in the call.
     """
 
-    __slots__ = ("block", "grid", "kernel", "shmem")
+    __slots__ = ("arity", "block", "grid", "kernel", "shmem")
 
     def __init__(self, kernel: Kernel[P], grid: tuple[int, int, int], block: tuple[int, int, int], shmem: int) -> None:
         self.kernel = kernel
         self.grid = grid
         self.block = block
         self.shmem = shmem
+        self.arity = len(kernel.params)
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> KernelLaunch:
         kernel = self.kernel
         binder = kernel._binder
-        if kwargs or binder is None or len(args) != len(kernel.params):
+        if kwargs or binder is None or len(args) != self.arity:
             return KernelLaunch(kernel, self.grid, self.block, self.shmem, args, kwargs)
         # KernelLaunch.__init__ inlined (the inner loop of eager code and of recording).
         op = _new_launch(KernelLaunch)
@@ -425,7 +426,11 @@ def kernel(
     the read-only parameters named in ``reads_before_wait`` (weights it may start loading early),
     and before it exits. An edge between two such kernels becomes programmatic on sm_90+ (the
     dependent starts while its predecessor runs; see ``scopegraph._pdl``); a kernel may also call
-    ``griddepcontrol.launch_dependents`` to let its own dependents start early.
+    ``griddepcontrol.launch_dependents`` to let its own dependents start early. Compiling a
+    ``pdl=True`` kernel for sm_90+ checks that its code executes ``griddepcontrol.wait`` (or
+    ``cudaGridDependencySynchronize()``) somewhere in the kernel or the device functions it calls;
+    one that never waits is a PdlWaitError when it is first launched or recorded. The check sees
+    whether the wait is there, not whether it comes early enough or on every path.
     """
 
     def wrap(fn: Callable[P, None]) -> Kernel[P]:
@@ -485,16 +490,21 @@ def _make_binder(kernel: Kernel[Any]) -> Callable[..., None]:
                 op.params = tuple((i, v) for i, v in enumerate(args) if type(v) is Param)
                 op._check_touches(TOUCHES, op.resolved(None))
             else:
-                c = COUNT(x2, *op.grid, *op.block)
-                if not (0 <= c[0] and c[0] * 4 <= t0.nbytes and 0 <= c[1] and c[1] * 4 <= t1.nbytes):
+                if not (0 <= (x2) and (x2) * 4 <= t0.nbytes and 0 <= (x2) and (x2) * 4 <= t1.nbytes):
                     op._check_touches(TOUCHES, args)
-            borrows = [Borrow(t0, True, 'out'), Borrow(t1, False, 'a')]
-            b0, b1 = borrows
-            m0 = b0.alloc
-            m1 = b1.alloc
+            b0 = NEW(Borrow)
+            b0.tensor = t0
+            m0 = b0.alloc = t0._alloc
+            s0 = b0.start = m0.address + t0.offset
+            e0 = b0.end = s0 + t0.nbytes
+            b0.mutable = True
+            b0.param = 'out'
+            b1 = NEW(Borrow)
+            ...  (the same for `a`)
+            borrows = [b0, b1]
             device = m0.device
             if (m1.device is not device or m0.freed or m1.freed or m0.region.frozen
-                    or (b1.start < b0.end and b0.start < b1.end)):
+                    or (s1 < e0 and s0 < e1)):
                 op._claim(borrows)
             else:
                 op.borrows = borrows
@@ -531,6 +541,7 @@ def _make_binder(kernel: Kernel[Any]) -> Callable[..., None]:
         "DECLARED": f"declared as {kernel!r}",
         "TOUCHES": kernel.touches,
         "cached": _cached,
+        "NEW": object.__new__,
     }
     lines = [f"def bind(op{''.join(f', a{i}' for i in range(n))}):"]
     borrows: list[tuple[int, bool, str]] = []  # (position, mutable, name)
@@ -589,32 +600,45 @@ def _make_binder(kernel: Kernel[Any]) -> Callable[..., None]:
     lines.append(f"    args = op.args = ({', '.join(values)}{',' if len(values) == 1 else ''})")
     lines += ["    if op.params:", "        op.params = tuple((i, v) for i, v in enumerate(args) if type(v) is Param)"]
     if touches is not None:
-        ns["COUNT"] = touches.count
+        # The expressions inline, over the binder's locals (they hold only names, int constants
+        # and + - * //: see _parse_touches); Python ints, so no product wraps.
+        local = {p.name: f"x{i}" for i, p in enumerate(params) if p.kind == "scalar"}
+        local.update({name: f"{name[:-2]}[{'xyz'.index(name[-1])}]" for name in LAUNCH_NAMES})
         fits = []
-        for j, pos in enumerate(touches.params):
+        for pos, expression in zip(touches.params, touches.expressions, strict=True):
+            count = f"({_rename(expression, local)})"
             dtype = params[pos].dtype  # a fixed dtype: compare bytes, without the size property
             fits.append(
-                f"0 <= c[{j}] <= t{pos}.size"
+                f"0 <= {count} <= t{pos}.size"
                 if dtype is None
-                else f"0 <= c[{j}] and c[{j}] * {dtype.itemsize} <= t{pos}.nbytes"
+                else f"0 <= {count} and {count} * {dtype.itemsize} <= t{pos}.nbytes"
             )
         lines += [
             "        op._check_touches(TOUCHES, op.resolved(None))",
             "    else:",
-            f"        c = COUNT({''.join(x + ', ' for x in scalars)}*op.grid, *op.block)",
+            *[f"        {d} = op.{d}" for d in ("grid", "block") if any(n.startswith(d) for n in used)],
             f"        if not ({' and '.join(fits)}):",
             "            op._check_touches(TOUCHES, args)",
         ]
     if borrows:
         k = len(borrows)
-        lines.append(f"    borrows = [{', '.join(f'Borrow(t{i}, {m}, {name!r})' for i, m, name in borrows)}]")
-        lines.append(f"    {', '.join(f'b{j}' for j in range(k))}{',' if k == 1 else ''} = borrows")
-        lines += [f"    m{j} = b{j}.alloc" for j in range(k)]
+        # Borrow.__init__ inlined (the same fields, computed the same way).
+        for j, (i, m, name) in enumerate(borrows):
+            lines += [
+                f"    b{j} = NEW(Borrow)",
+                f"    b{j}.tensor = t{i}",
+                f"    m{j} = b{j}.alloc = t{i}._alloc",
+                f"    s{j} = b{j}.start = m{j}.address + t{i}.offset",
+                f"    e{j} = b{j}.end = s{j} + t{i}.nbytes",
+                f"    b{j}.mutable = {m}",
+                f"    b{j}.param = {name!r}",
+            ]
+        lines.append(f"    borrows = [{', '.join(f'b{j}' for j in range(k))}]")
         suspicious = [f"m{j}.device is not device" for j in range(1, k)]
         suspicious += [f"m{j}.freed" for j in range(k)]
         suspicious += [f"m{j}.region.frozen" for j, (_, m, _) in enumerate(borrows) if m]
         suspicious += [
-            f"(b{j}.start < b{i}.end and b{i}.start < b{j}.end)"
+            f"(s{j} < e{i} and s{i} < e{j})"
             for i in range(k)
             for j in range(i + 1, k)
             if borrows[i][1] or borrows[j][1]
@@ -634,6 +658,15 @@ def _make_binder(kernel: Kernel[Any]) -> Callable[..., None]:
     bind: Callable[..., None] = ns["bind"]
     bind.__doc__ = source
     return bind
+
+
+def _rename(expression: str, names: Mapping[str, str]) -> str:
+    """A touches expression with its names replaced by the binder's locals."""
+    tree = ast.parse(expression, mode="eval")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            node.id = names[node.id]
+    return ast.unparse(tree)
 
 
 def _cached(cache: dict[object, np.generic], key: object, value: np.generic) -> np.generic:

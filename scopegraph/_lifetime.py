@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 class Pin:
     """What one graph or open scope holds on the allocations it uses.
 
-    ``writes`` lists the absolute ranges it writes (``freeze()`` is refused on them);
+    ``writes`` lists the absolute ranges it writes, flat (``freeze()`` is refused on them);
     ``pending`` the streams that ran eager work on its memory since its last replay;
     ``replayed_on`` every stream it was replayed on (the release of its memory waits for them).
     """
@@ -44,7 +44,9 @@ class Pin:
     def __init__(self, description: str) -> None:
         self.description = description
         self.allocations: dict[int, Allocation] = {}
-        self.writes: list[tuple[int, int]] = []
+        # start, end, start, end, ...: flat, so recording an op adds no object that lives on
+        # (and ranges, not borrows: a pin must not keep tensors alive).
+        self.writes: list[int] = []
         self.pending: set[object] = set()
         self.replayed_on: set[object] = set()
         self.last_stream: object = None
@@ -52,19 +54,18 @@ class Pin:
     def add(self, borrows: Iterable[Borrow]) -> None:
         """Pin what an op touches (and, for foreign memory, every wrapper of the same bytes)."""
         held = self.allocations
-        key = id(self)
         for b in borrows:
-            alloc = b.alloc
             if b.mutable and b.start != b.end:
-                self.writes.append((b.start, b.end))
-            if alloc.id in held:
-                continue
-            for a in alloc.aliases() if len(alloc.region.members) > 1 else (alloc,):
-                held[a.id] = a
-                a.pins[key] = self
+                self.writes += (b.start, b.end)
+            alloc = b.alloc
+            if alloc.id not in held:
+                for a in alloc.aliases() if len(alloc.region.members) > 1 else (alloc,):
+                    held[a.id] = a
+                    a.pins[id(self)] = self
 
     def writes_to(self, start: int, end: int) -> bool:
-        return any(s < end and start < e for s, e in self.writes)
+        w = self.writes
+        return any(w[i] < end and start < w[i + 1] for i in range(0, len(w), 2))
 
     def release(self) -> None:
         """Unpin; the memory's eventual release waits for every replay of this holder."""

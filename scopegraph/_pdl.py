@@ -40,19 +40,33 @@ NONE: frozenset[int] = frozenset()
 
 def programmatic_deps(op: GraphNode, deps: frozenset[int], nodes: Sequence[RecordedNode]) -> frozenset[int]:
     """The subset of ``deps`` (indices into ``nodes``) whose edges into ``op`` may be programmatic."""
-    if type(op) is not KernelLaunch or not op.kernel.pdl or not deps:
+    if not deps or type(op) is not KernelLaunch:
         return NONE
-    early_names = op.kernel.reads_before_wait
-    early = [b for b in op.borrows if b.param in early_names] if early_names else []
+    kernel = op.kernel
+    if not kernel.pdl:
+        return NONE
+    early = kernel.reads_before_wait
     chosen = []
     for d in deps:
         before = nodes[d].op
         if type(before) is not KernelLaunch or not before.kernel.pdl:
             continue
-        if early and any(w.mutable and w.overlaps(e) for w in before.borrows for e in early):
+        if early and loads_early(op, before):
             continue  # `op` would load what `before` is still writing
         chosen.append(d)
+    if len(chosen) == len(deps):
+        return deps  # every edge (the common case in a chain of PDL kernels): no new set
     return frozenset(chosen) if chosen else NONE
+
+
+def loads_early(op: GraphNode, before: GraphNode) -> bool:
+    """Does ``op`` load, before its wait, memory that ``before`` writes? Then ``op`` must not start
+    until ``before`` has finished: its edge from ``before`` stays a full, direct one."""
+    if type(op) is not KernelLaunch or not op.kernel.pdl or not op.kernel.reads_before_wait:
+        return False
+    names = op.kernel.reads_before_wait
+    early = [b for b in op.borrows if b.param in names]
+    return any(w.mutable and w.overlaps(e) for w in before.borrows for e in early)
 
 
 def check_programmatic(graph_id: int, nodes: Sequence[RecordedNode], changes: Mapping[int, GraphNode]) -> None:

@@ -53,6 +53,10 @@ class _State(Enum):
     FAILED = "failed"
 
 
+_OPEN = _State.OPEN  # read on every record
+_getframe = sys._getframe
+
+
 class RecordedNode:
     """A handle naming one recorded op: its index, the op, its predecessors and where it was recorded."""
 
@@ -160,23 +164,15 @@ class Scope:
 
     def record(self, op: GraphNode) -> RecordedNode:
         """Add ``op`` to the graph; returns a handle naming the node. Only GraphNode ops are accepted."""
-        if self._state is not _State.OPEN:
-            raise ScopeStateError(
-                diagnostic(
-                    f"cannot record into a scope that is {'not open yet' if self._state is _State.NEW else 'finished'}",
-                    [f"the scope was opened at {self.opened_at}"],
-                    help="record inside the `with CudaGraph.scope(stream) as s:` block",
-                )
-            )
-        if self._inner is not None:
-            raise self._inner.busy("record into the scope")
+        if self._state is not _OPEN or self._inner is not None:
+            raise self._not_recording()
         if not isinstance(op, GraphNode):
             raise _not_a_graph_node(op)
         check_runnable(op, self.stream)
         if type(op) is KernelLaunch and op.params:
             note_params(self._params, op)
         borrows = op.borrows
-        frame = sys._getframe(1)
+        frame = _getframe(1)
         self._where = (frame.f_code.co_filename, frame.f_lineno)
         assert self._tracker is not None  # open scopes have one
         deps = self._tracker.add(borrows)
@@ -186,6 +182,17 @@ class Scope:
         )
         self._nodes.append(node)
         return node
+
+    def _not_recording(self) -> Exception:
+        if self._inner is not None and self._state is _OPEN:
+            return self._inner.busy("record into the scope")
+        return ScopeStateError(
+            diagnostic(
+                f"cannot record into a scope that is {'not open yet' if self._state is _State.NEW else 'finished'}",
+                [f"the scope was opened at {self.opened_at}"],
+                help="record inside the `with CudaGraph.scope(stream) as s:` block",
+            )
+        )
 
     # -- device-side control flow (scopegraph._control) --------------------------------------
 

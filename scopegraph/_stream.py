@@ -113,9 +113,8 @@ def check_runnable(op: GraphNode, stream: Stream) -> None:
     (``freeze()`` may have come after the op was built), the stream's device."""
     for b in op.borrows:
         alloc = b.alloc
-        if alloc.freed:
+        if alloc.freed or (b.mutable and alloc.region.frozen):
             b.tensor.check_alive()
-        if b.mutable and alloc.region.frozen:
             check_frozen(op.name, [b])  # the name only when a frozen region is in play
     device = op.device
     if device is not stream.device and device is not None:

@@ -34,7 +34,7 @@ class Tensor:
     allocation op run on a stream (``stream.run(sg.zeros(...))``); never inside a scope.
     """
 
-    __slots__ = ("_alloc", "_base", "_name", "dtype", "nbytes", "offset", "shape")
+    __slots__ = ("_alloc", "_base", "_name", "dtype", "nbytes", "offset", "shape", "size")
 
     def __init__(
         self,
@@ -49,7 +49,9 @@ class Tensor:
         self.offset = offset
         self.shape = shape
         self.dtype = dtype
-        self.nbytes = math.prod(shape) * dtype.itemsize
+        # Elements and bytes, computed once: op builders read them on every launch.
+        self.size: int = math.prod(shape)
+        self.nbytes = self.size * dtype.itemsize
         self._name = name
         # The tensor this one is a view of (None for the tensor that owns the allocation).
         self._base = base
@@ -63,10 +65,6 @@ class Tensor:
     @property
     def ndim(self) -> int:
         return len(self.shape)
-
-    @property
-    def size(self) -> int:
-        return math.prod(self.shape)
 
     @property
     def name(self) -> str:

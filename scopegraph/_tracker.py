@@ -71,21 +71,35 @@ class DataflowTracker:
     def add(self, borrows: Sequence[Borrow]) -> frozenset[int]:
         deps: set[int] = set()
         segments = self._segments
-        # Whole-segment accesses are updated in place after the deps are known (one lookup each);
-        # the rest split segments, so they are redone from scratch in the second pass.
-        in_place: list[tuple[_Segment, bool]] = []
-        ranged: list[Borrow] = []
+        get = segments.get
+        # Accesses to exactly one whole segment (the common case, inlined) are updated in place
+        # once the deps are known; the rest (`ranged`) split segments, so they are redone from
+        # scratch after that.
+        ranged: list[Borrow] | None = None
         for b in borrows:
             start, end = b.start, b.end
             if start == end:
                 continue
-            exact = segments.get(start)
-            if exact is not None and exact.end == end:
-                touched: Sequence[_Segment] = (exact,)
-                in_place.append((exact, b.mutable))
+            seg = get(start)
+            if seg is not None and seg.end == end:
+                if not b.mutable:
+                    if seg.writer >= 0:
+                        deps.add(seg.writer)
+                    continue
+                readers = seg.readers
+                if readers is None:
+                    if seg.writer >= 0:
+                        deps.add(seg.writer)
+                elif readers.rest is None and readers.join < 0:
+                    deps.add(readers.node)
+                else:
+                    self._wait_for_readers(readers, deps)
+                continue
+            if ranged is None:
+                ranged = [b]
             else:
-                touched = overlapping(segments, start, end)
                 ranged.append(b)
+            touched = overlapping(segments, start, end)
             if b.mutable:
                 for seg in touched:
                     if seg.readers is not None:
@@ -97,14 +111,19 @@ class DataflowTracker:
                     if seg.writer >= 0:
                         deps.add(seg.writer)
         node = self.count
-        self.count += 1
-        for seg, mutable in in_place:  # before any split, so each segment still spans its range
-            if mutable:
+        self.count = node + 1
+        for b in borrows:  # the whole-segment accesses, before any split
+            start = b.start
+            if start == b.end or (ranged is not None and b in ranged):
+                continue
+            seg = segments[start]
+            if b.mutable:
                 seg.writer, seg.readers = node, None
             elif seg.readers is None or seg.readers.node != node:  # one read per segment and op
                 seg.readers = _Readers(node, seg.readers)
-        for b in ranged:
-            self._write(b.start, b.end, node) if b.mutable else self._read(b.start, b.end, node)
+        if ranged is not None:
+            for b in ranged:
+                self._write(b.start, b.end, node) if b.mutable else self._read(b.start, b.end, node)
         return frozenset(deps)
 
     def _wait_for_readers(self, readers: _Readers, deps: set[int]) -> None:
@@ -172,6 +191,45 @@ class DataflowTracker:
             gaps.append((cursor, end))
         for gap_start, gap_end in gaps:
             segments[gap_start] = _Segment(gap_end, -1, _Readers(node, None))
+
+
+def without_implied(deps: Sequence[frozenset[int]], keep: Callable[[int, int], bool]) -> list[frozenset[int]]:
+    """Each node's deps less the edges that other edges imply, for the executable graph.
+
+    When node n waits for two nodes of one *chain* (a path of nodes that each wait for exactly
+    the node before them), waiting for the later one is enough: it finishes only after the earlier
+    one has (a PDL kernel finishes only after its wait, so this holds along programmatic edges
+    too). A read-modify-write chain such as ``h = norm(x); a = W1 @ h; b = W2 @ a; x += b`` has
+    write-after-read edges that skip back over the chain; left out, the graph is a plain chain,
+    which matters for programmatic launch (a kernel with two programmatic predecessors starts
+    late). ``keep(n, d)`` keeps an implied edge d -> n that n needs itself (n loads d's output
+    before its wait). One pass, O(1) per edge: each node knows its chain and its place on it.
+    The recorded deps (``RecordedNode.deps``, ``graph.edges``) stay as the tracker found them."""
+    chain: list[int] = []  # per node: the chain it is on (the index of the chain's first node)
+    place: list[int] = []  # per node: its place on that chain
+    tip: list[int] = []  # per chain (by its first node): its last node, the only one it may grow from
+    out: list[frozenset[int]] = []
+    for n, ds in enumerate(deps):
+        if len(ds) > 1:
+            latest: dict[int, int] = {}
+            for d in ds:
+                other = latest.get(chain[d])
+                if other is None or place[d] > place[other]:
+                    latest[chain[d]] = d
+            if len(latest) < len(ds):
+                ds = frozenset(d for d in ds if latest[chain[d]] == d or keep(n, d))
+        out.append(ds)
+        tip.append(n)
+        if len(ds) == 1:
+            (p,) = ds
+            if tip[chain[p]] == p:  # grows only from its last node: a chain is one path
+                chain.append(chain[p])
+                place.append(place[p] + 1)
+                tip[chain[p]] = n
+                continue
+        chain.append(n)
+        place.append(0)
+    return out
 
 
 class ProgramOrderTracker:

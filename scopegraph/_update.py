@@ -222,11 +222,11 @@ def repin(pin: Pin, borrows: Iterable[Borrow]) -> None:
     release then waits for the replays so far, as at close); newly used ones gain it, and the next
     replay waits for the eager work already queued on them."""
     held: dict[int, Allocation] = {}
-    writes: list[tuple[int, int]] = []
+    writes: list[int] = []
     for b in borrows:
         alloc = b.alloc
         if b.mutable and b.start != b.end:
-            writes.append((b.start, b.end))
+            writes += (b.start, b.end)
         if alloc.id in held:
             continue
         for a in alloc.aliases() if len(alloc.region.members) > 1 else (alloc,):

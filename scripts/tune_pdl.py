@@ -1,39 +1,111 @@
-"""Tuning the PDL library kernels on a GPU (issue 11): variants of the seed model's fused kernels
-(trigger before or after the wait, bulk L2 prefetch of the weights or not, rows per warp, loads in
-flight), each with programmatic edges on and off, against the read-only streaming ceiling.
+"""Tuning the PDL library kernels on a GPU (issue 11): variants of the seed model's kernels, in its
+fused form (2 kernels a layer) and its 4-kernel form (rms_norm, matvec, matvec, axpy: PyTorch's
+kernel count), each with programmatic edges on and off, all timed interleaved in one pass against
+PyTorch's CUDA graph of the same 4 kernels and the read-only streaming ceiling.
 
-    PYTHONPATH=. python3 scripts/tune_pdl.py
+    PYTHONPATH=. python3 scripts/tune_pdl.py            # the variant table
+    PYTHONPATH=. python3 scripts/tune_pdl.py --trace    # and a timeline of a few layers
+    PYTHONPATH=. python3 scripts/tune_pdl.py --host     # a dry run on the host backend (no GPU)
 
-The variants are the library's own source compiled with macros (SG_LATE_TRIGGER, SG_L2_PREFETCH,
-CHUNK) and launched with other grids; benchmarks/NOTES.md records what was chosen and why.
+The variants are the library's own source compiled with macros (CHUNK, SG_MATVEC_BOUNDS,
+SG_LATE_TRIGGER) and launched with other blocks, and the same graph recorded three ways: the
+scope's dataflow edges as they are, in program order (each op after the one before, as a CUDA
+stream capture records it), and the dataflow edges with each programmatic edge that a chain of
+programmatic edges already implies dropped (``reduce_to_chain``, an experiment). benchmarks/NOTES.md
+records what was chosen and why.
+
+``--trace`` compiles the library with a timestamp (``%globaltimer``) at each block's start (its
+trigger) and at its wait's release, replays one token and prints, for each kernel of a few
+layers, when its blocks started and when their waits returned.
 """
 
 from __future__ import annotations
 
+import re
 import sys
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 import scopegraph as sg
 from scopegraph import CudaGraph, library
-from scopegraph._cli.bench._chain import Chain
-from scopegraph._cli.bench._model import bandwidths
-from scopegraph._cli.bench._timing import interleaved
+from scopegraph._cli.bench._model import _torch, bandwidths
+from scopegraph._cli.bench._timing import Side, interleaved
 from scopegraph._cli.seed_model import Config, LayerStack, reference_forward, relative_error
 from scopegraph._kernel import Kernel
 
 
-def variant(k: Kernel[Any], macros: tuple[str, ...]) -> Kernel[Any]:
-    if not macros:
+class Case(NamedTuple):
+    label: str
+    form: str  # "fused" (2 kernels a layer) or "kernels" (4)
+    macros: tuple[str, ...] = ()
+    rms: int = 0  # rms_norm's block (0: the library's, rms_norm_block(d))
+    axpy: int = 0  # axpy's block (0: the library's, 256)
+    chain: bool = False  # the graph's edges reduced to the chain (reduce_to_chain)
+    order: str = "dataflow"  # the scope's order= ("program": each op after the one before)
+
+
+WIDE = ("CHUNK=16",)  # the matvec build for wide rows, also for narrow ones
+NO_BOUNDS = ("SG_MATVEC_BOUNDS=",)  # no register cap (2 matvec blocks an SM instead of 3)
+LATE = ("SG_LATE_TRIGGER=1",)  # dependents triggered after the wait
+
+# d=2048 x 22: what each case changes from the library's defaults.
+CASES: list[Case] = [
+    Case("fused", "fused"),
+    Case("fused, no register cap", "fused", NO_BOUNDS),
+    Case("fused, late trigger", "fused", LATE),
+    Case("4k", "kernels"),
+    Case("4k, program order", "kernels", order="program"),
+    Case("4k, chain", "kernels", chain=True),
+    Case("4k, chain, rms_norm 1024 threads", "kernels", rms=1024, chain=True),
+    Case("4k, chain, axpy 1024 threads", "kernels", axpy=1024, chain=True),
+    Case("4k, chain, late trigger", "kernels", LATE, chain=True),
+    Case("4k, chain, no register cap", "kernels", NO_BOUNDS, chain=True),
+]
+TRACED = ("4k", "4k, chain")
+# d=512 x 22 (launch-bound: the weights nearly fit in L2).
+SMALL_CASES: list[Case] = [
+    Case("fused", "fused"),
+    Case("fused, wide build", "fused", WIDE),
+    Case("4k", "kernels"),
+    Case("4k, wide build", "kernels", WIDE),
+    Case("4k, program order", "kernels", order="program"),
+    Case("4k, chain", "kernels", chain=True),
+]
+
+
+def reduce_to_chain(nodes: list[Any]) -> None:
+    """Drop each programmatic edge d -> n that a path d -> ... -> d' -> n through n's other deps
+    already implies (an experiment: the 4-kernel form's axpy otherwise has two programmatic
+    predecessors, rms_norm and the second matvec, and the driver then launches it late)."""
+    ancestors: list[set[int]] = []
+    for rec in nodes:
+        mine: set[int] = set()
+        for d in rec.deps:
+            mine |= ancestors[d] | {d}
+        ancestors.append(mine)
+        implied = {d for d in rec.deps if d in rec.programmatic and any(d in ancestors[o] for o in rec.deps if o != d)}
+        if implied:
+            rec.deps = frozenset(rec.deps - implied)
+            rec.programmatic = frozenset(rec.programmatic - implied)
+
+
+def variant(k: Kernel[Any], macros: tuple[str, ...], source: str | None = None) -> Kernel[Any]:
+    """``k`` built with more macros (added to those of its own options), or from another source."""
+    if not macros and source is None:
         return k
-    pairs = [tuple(m.split("=", 1)) for m in macros]  # cuda.core: (name, value), or a list of them
+    options: dict[str, Any] = dict(k.options)
+    own: Any = options.pop("define_macro", ())
+    pairs: list[Any] = [tuple(own)] if own and isinstance(own[0], str) else list(own)  # one pair, or a list
+    pairs += [tuple(m.split("=", 1)) for m in macros]
+    if pairs:  # cuda.core: (name, value), or a list of them; a later one of a name wins
+        options["define_macro"] = pairs[0] if len(pairs) == 1 else pairs
     return Kernel(
         k.__wrapped__,
-        k.source,
+        source if source is not None else k.source,
         k.cpp_name,
-        (("define_macro", pairs[0] if len(pairs) == 1 else pairs),),
+        tuple(sorted(options.items())),
         k.template_args,
         k.host_fn,
         k.params,
@@ -43,97 +115,241 @@ def variant(k: Kernel[Any], macros: tuple[str, ...]) -> Kernel[Any]:
     )
 
 
-def fused_ops(model: LayerStack, macros: tuple[str, ...], rows_per_warp: int, warps: int = 8) -> list[Any]:
-    a, b = variant(library.rms_norm_matvec, macros), variant(library.matvec_add, macros)
-    ops = []
-    for w, buf in zip(model.weights, model.buffers, strict=True):
+def kernels_of(form: str, macros: tuple[str, ...], rms_block: int, d: int, source: str | None = None) -> list[Any]:
+    """The case's kernels, built as the library's *_op helpers build them at width d (the narrow
+    matvec build for d <= library.NARROW_K), with the case's macros or source."""
+
+    def mv(k: Kernel[Any]) -> Kernel[Any]:
+        wide = d > library.NARROW_K or any(m.startswith("CHUNK=") for m in macros)
+        return k if wide else library.narrow(k)
+
+    if form == "fused":
+        return [variant(mv(library.rms_norm_matvec), macros, source), variant(mv(library.matvec_add), macros, source)]
+    bs = rms_block or library.rms_norm_block(d)
+    return [
+        variant(library.rms_norm.generics(bs), macros, source),
+        variant(mv(library.matvec), macros, source),
+        variant(library.axpy, macros, source),
+    ]
+
+
+def form_ops(model: LayerStack, case: Case, source: str | None = None) -> tuple[list[Any], list[Any]]:
+    """The ops of one forward pass with the case's kernels, and those kernels."""
+    form, macros, rms_block, axpy_block = case.form, case.macros, case.rms, case.axpy
+    cfg, hidden = model.cfg, model.hidden
+    ks = kernels_of(form, macros, rms_block, cfg.d, source)
+    ops: list[Any] = []
+    for w, b in zip(model.weights, model.buffers, strict=True):
         n, k = w.wq.shape
-        grid = -(-n // (warps * rows_per_warp))
+        grid, block, shared = -(-n // library.MATVEC_WARPS), 32 * library.MATVEC_WARPS, 4 * k
+        if form == "fused":
+            ops += [
+                ks[0][grid, block, shared](b.q.mut(), hidden, w.norm_w, w.wq, cfg.eps, n, k),
+                ks[1][grid, block, shared](hidden.mut(), b.q, w.wo, n, k),
+            ]
+            continue
+        bs = int(ks[0].template_args[0])
+        ab = axpy_block or library.ELEMENTWISE_BLOCK
         ops += [
-            a[grid, 32 * warps, 4 * k](buf.q.mut(), model.hidden, w.norm_w, w.wq, model.cfg.eps, n, k),
-            b[grid, 32 * warps, 4 * k](model.hidden.mut(), buf.q, w.wo, n, k),
+            ks[0][1, bs](b.norm.mut(), hidden.view((1, cfg.d)), w.norm_w, cfg.eps, cfg.d),
+            ks[1][grid, block, shared](b.q.mut(), b.norm, w.wq, n, k),
+            ks[1][grid, block, shared](b.o.mut(), b.q, w.wo, n, k),
+            ks[2][-(-cfg.d // ab), ab](hidden.mut(), b.o, 1.0, cfg.d),
         ]
-    return ops
+    return ops, ks
 
 
-def graph(stream: sg.Stream, ops: list[Any], pdl: bool) -> CudaGraph:
-    with CudaGraph.scope(stream, pdl=pdl) as s:
+def graph(stream: sg.Stream, ops: list[Any], pdl: bool, chain: bool = False, order: str = "dataflow") -> CudaGraph:
+    with CudaGraph.scope(stream, pdl=pdl, order=order) as s:
         for op in ops:
             s.record(op)
+        if chain:
+            reduce_to_chain(s._nodes)
     return s.graph
 
 
+def run_size(dev: sg.Device, stream: sg.Stream, d: int, cases: list[Case], read_only: float) -> None:
+    cfg = Config(d=d, n_layers=22)
+    model = LayerStack(dev, cfg)
+    x0 = np.random.default_rng(5).standard_normal(d).astype(np.float32)
+    start = dev.from_numpy(x0)
+    want = reference_forward(model.host_weights, x0, cfg.eps, 3)
+    sides: dict[str, Side] = {}
+    checks = {}
+    graphs = []
+    for case in cases:
+        ops, _ = form_ops(model, case)
+        got = {}
+        for pdl in (True, False):
+            g = graph(stream, ops, pdl, case.chain, case.order)
+            graphs.append(g)
+            g.update(sg.memcpy(model.hidden.mut(), start))
+            for _ in range(3):
+                g.launch()
+            g.sync()
+            got[pdl] = model.hidden.numpy()
+            sides[f"{case.label}|{pdl}"] = (g.launch, g.sync, 64)
+        checks[case.label] = (bool(np.array_equal(got[True], got[False])), relative_error(got[True], want))
+    sides |= {k: v for k, v in _torch(model, 64, compile=False).items() if k == "torch_graph"}
+    t = interleaved(sides, rounds=5, inner=3)
+    torch_tok = 1 / t["torch_graph"]["wall"] if "torch_graph" in t else float("nan")
+    ceiling = read_only / cfg.weight_bytes
+    print(f"d={d} x 22: torch CUDA graph (4 kernels a layer) {torch_tok:.0f} tok/s; read-only ceiling {ceiling:.0f}")
+    for case in cases:
+        on, off = 1 / t[f"{case.label}|True"]["wall"], 1 / t[f"{case.label}|False"]["wall"]
+        same, err = checks[case.label]
+        print(
+            f"d={d:4} {case.label:<40} on {on:7.0f} tok/s ({1e6 / on:6.1f} us, {on / ceiling:6.1%} of read-only, "
+            f"{on / torch_tok:5.3f}x torch graph)  off {off:7.0f}  on/off {on / off:4.2f}  identical {same}  "
+            f"err {err:.1e}  spread {t[f'{case.label}|True']['spread']:.1%}",
+            flush=True,
+        )
+    for g in graphs:
+        g.close()
+    for w in [*(w for lw in model.weights for w in (lw.norm_w, lw.wq, lw.wo)), model.hidden, start]:
+        w.free()
+
+
+# -- the timeline (--trace) ---------------------------------------------------------------------
+
+TRACE_PRELUDE = r"""
+struct SgTraceRecord { unsigned long long out, started, released; unsigned block, sm; };
+#define SG_TRACE_CAPACITY (1 << 16)
+__device__ SgTraceRecord sg_trace[SG_TRACE_CAPACITY];
+__device__ unsigned sg_trace_count;
+__device__ __forceinline__ unsigned long long sg_now() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+__device__ __forceinline__ unsigned sg_trace_start(const void* out) {
+    unsigned slot = SG_TRACE_CAPACITY;
+    if (threadIdx.x == 0) {
+        slot = atomicAdd(&sg_trace_count, 1u);
+        if (slot < SG_TRACE_CAPACITY) {
+            unsigned sm;
+            asm("mov.u32 %0, %%smid;" : "=r"(sm));
+            sg_trace[slot].out = reinterpret_cast<size_t>(out);
+            sg_trace[slot].started = sg_now();
+            sg_trace[slot].block = blockIdx.x;
+            sg_trace[slot].sm = sm;
+        }
+    }
+    return slot;
+}
+__device__ __forceinline__ void sg_trace_released(unsigned slot) {
+    if (threadIdx.x == 0 && slot < SG_TRACE_CAPACITY) sg_trace[slot].released = sg_now();
+}
+"""
+RECORD = np.dtype([("out", "<u8"), ("started", "<u8"), ("released", "<u8"), ("block", "<u4"), ("sm", "<u4")])
+
+
+def traced_source(source: str = library.SOURCE) -> str:
+    body = re.sub(
+        r"(?<!void )pdl_launch_dependents\(\);",
+        "unsigned sg_slot = sg_trace_start(out); pdl_launch_dependents();",
+        source,
+    )
+    body = re.sub(r"(?<!void )pdl_wait\(\);", "pdl_wait(); sg_trace_released(sg_slot);", body)
+    return TRACE_PRELUDE + body
+
+
+def _global(dev: sg.Device, k: Kernel[Any], name: str) -> tuple[int, int]:
+    from cuda.bindings import driver
+
+    from scopegraph._compile import compile_kernel
+
+    code = compile_kernel(k, dev.backend.arch)  # type: ignore[attr-defined]
+    handle = code.handle  # type: ignore[attr-defined]
+    if isinstance(handle, driver.CUmodule):
+        err, ptr, size = driver.cuModuleGetGlobal(handle, name.encode())
+    else:
+        err, ptr, size = driver.cuLibraryGetGlobal(handle, name.encode())
+    assert err == driver.CUresult.CUDA_SUCCESS, err
+    return int(ptr), int(size)
+
+
+def trace(dev: sg.Device, stream: sg.Stream, case: Case, d: int = 2048, layers: tuple[int, int] = (10, 12)) -> None:
+    from cuda.bindings import driver
+
+    cfg = Config(d=d, n_layers=22)
+    model = LayerStack(dev, cfg)
+    ops, ks = form_ops(model, case, traced_source())
+    g = graph(stream, ops, True, case.chain, case.order)
+    print(f"edges {len(g.edges)}, programmatic {len(g.programmatic_edges)}")
+    for _ in range(3):
+        g.launch()
+    g.sync()
+    for k in ks:
+        driver.cuMemsetD32(_global(dev, k, "sg_trace_count")[0], 0, 1)
+    driver.cuCtxSynchronize()
+    g.launch()
+    g.sync()
+    rows = []
+    for k in ks:
+        count = np.zeros(1, np.uint32)
+        ptr, _ = _global(dev, k, "sg_trace_count")
+        driver.cuMemcpyDtoH(count.ctypes.data, ptr, 4)
+        n = min(int(count[0]), 1 << 16)
+        recs = np.zeros(n, RECORD)
+        ptr, _ = _global(dev, k, "sg_trace")
+        driver.cuMemcpyDtoH(recs.ctypes.data, ptr, n * RECORD.itemsize)
+        rows.append((k.cpp_name, recs))
+    launches = []  # (kind, records of one launch)
+    for kind, recs in rows:
+        for out in np.unique(recs["out"]):
+            mine = np.sort(recs[recs["out"] == out], order="started")
+            cut = np.flatnonzero(np.diff(mine["started"].astype(np.int64)) > 3000) + 1  # > 3 us apart: another launch
+            launches += [(kind, part) for part in np.split(mine, cut)]
+    launches.sort(key=lambda kr: int(kr[1]["started"].min()))
+    per_layer = len(ks) if case.form == "fused" else 4
+    window = launches[layers[0] * per_layer : layers[1] * per_layer]
+    stamps = np.unique(np.concatenate([r["started"] for _, r in launches]))
+    tick = int(np.diff(stamps).min()) if stamps.size > 1 else 0
+    t0 = int(window[0][1]["started"].min())
+    total = (
+        max(int(r["released"].max()) for _, r in launches) - min(int(r["started"].min()) for _, r in launches)
+    ) / 1e3
+    print(
+        f"trace {case.label}: {len(launches)} launches, token {total:.1f} us (first start to last release), "
+        f"timer tick {tick} ns"
+    )
+    print("  kernel            blocks  start min/med/max us   released min/max us   started before first release")
+    for kind, r in window:
+        s = (r["started"].astype(np.int64) - t0) / 1e3
+        rel = (r["released"].astype(np.int64) - t0) / 1e3
+        early = int(np.sum(r["started"] < r["released"].min()))
+        print(
+            f"  {kind:<17} {len(r):6}  {s.min():6.2f} {np.median(s):6.2f} {s.max():6.2f}     "
+            f"{rel.min():6.2f} {rel.max():6.2f}          {early}"
+        )
+    g.close()
+    for w in [*(w for lw in model.weights for w in (lw.norm_w, lw.wq, lw.wo)), model.hidden]:
+        w.free()
+
+
 def main() -> int:
+    if "--host" in sys.argv:  # a dry run of the table on the host backend (no GPU; timings meaningless)
+        dev = sg.device("host")
+        run_size(dev, dev.stream(), 64, CASES, 1.0)
+        run_size(dev, dev.stream(), 32, SMALL_CASES, 1.0)
+        return 0
     dev = sg.device("cuda")
     stream = dev.stream()
     t0 = time.perf_counter()
     big = Config(d=2048, n_layers=22)
     bw = bandwidths(dev, big.weight_bytes)
     print("bandwidths GB/s: " + ", ".join(f"{k} {v / 1e9:.0f}" for k, v in bw.items()), flush=True)
-    ceiling = bw["read_only"] / big.weight_bytes
-    print(f"read-only ceiling at d=2048 x 22: {ceiling:.0f} tokens/s", flush=True)
-
-    chain = Chain(dev, 88 if "--chain" in sys.argv else 2, 8 << 20)
-    gs = {p: chain.record(stream, p) for p in (True, False)}
-    t = interleaved({str(p): (g.launch, g.sync, 20) for p, g in gs.items()}, rounds=3)
-    print(
-        f"chain {len(chain.weights)} x 8 MiB: full {t['False']['wall'] * 1e6:.0f} us, "
-        f"programmatic {t['True']['wall'] * 1e6:.0f} us ({t['False']['wall'] / t['True']['wall']:.2f}x, "
-        f"{chain.nbytes / t['True']['wall'] / 1e9:.0f} GB/s)",
-        flush=True,
-    )
-    for g in gs.values():
-        g.close()
-    chain.free()
-
-    x0 = np.random.default_rng(5).standard_normal(2048).astype(np.float32)
-    results = []
-    for d in (2048, 512):
-        cfg = Config(d=d, n_layers=22)
-        model = LayerStack(dev, cfg)
-        start = dev.from_numpy(x0[:d])
-        want = reference_forward(model.host_weights, x0[:d], cfg.eps, 3)
-        cases: list[tuple[str, list[Any]]] = []
-        variants: list[tuple[str, tuple[str, ...], int, int]] = [  # label, macros, rows per warp, warps per block
-            ("default (bounds 256,3)", (), 1, 8),
-            ("no bounds", ("SG_MATVEC_BOUNDS=",), 1, 8),
-            ("late trigger", ("SG_LATE_TRIGGER=1",), 1, 8),
-            ("no L2 prefetch", ("SG_L2_PREFETCH=0",), 1, 8),
-            ("bounds 256,3 chunk8", ("CHUNK=8",), 1, 8),
-            ("bounds 256,3 chunk4", ("CHUNK=4",), 1, 8),
-            ("bounds 128,6 w4", ("SG_MATVEC_BOUNDS=__launch_bounds__(128,6)",), 1, 4),
-        ]
-        for label, macros, rpw, warps in variants:
-            if d == 2048 and "chunk" in label:
-                continue
-            cases.append((f"fused {label} r{rpw} w{warps}", fused_ops(model, macros, rpw, warps)))
-        for form in ("kernels", "seed"):
-            cases.append((f"{form} (library defaults)", model.ops(form)))
-        for name, ops in cases:
-            gs = {p: graph(stream, ops, p) for p in (True, False)}
-            got = {}
-            for p, g in gs.items():
-                g.update(sg.memcpy(model.hidden.mut(), start))
-                for _ in range(3):
-                    g.launch()
-                g.sync()
-                got[p] = model.hidden.numpy()
-            t = interleaved({str(p): (g.launch, g.sync, 64) for p, g in gs.items()}, rounds=3, inner=3)
-            on, off = 1 / t["True"]["wall"], 1 / t["False"]["wall"]
-            err = relative_error(got[True], want)
-            same = bool(np.array_equal(got[True], got[False]))
-            line = (
-                f"d={d:5} {name:<34} PDL on {on:8.0f} tok/s ({on * cfg.weight_bytes / 1e9:5.0f} GB/s, "
-                f"{on / (bw['read_only'] / cfg.weight_bytes):6.1%} of read-only)  "
-                f"off {off:8.0f}  on/off {on / off:5.2f}  "
-                f"identical {same}  err {err:.1e}  spread {t['True']['spread']:.1%}"
-            )
-            print(line, flush=True)
-            results.append(line)
-            for g in gs.values():
-                g.close()
-        for w in [*(w for lw in model.weights for w in (lw.norm_w, lw.wq, lw.wo)), model.hidden, start]:
-            w.free()
+    if "--trace" in sys.argv:
+        for label in TRACED:
+            case = next(c for c in CASES if c[0] == label)
+            try:
+                trace(dev, stream, case)
+            except Exception as exc:  # a diagnostic: the timing table still runs
+                print(f"trace {case.label} failed: {type(exc).__name__}: {exc}")
+    if "--no-table" not in sys.argv:
+        run_size(dev, stream, 2048, CASES, bw["read_only"])
+        run_size(dev, stream, 512, SMALL_CASES, bw["read_only"])
     print(f"tuning done in {time.perf_counter() - t0:.0f} s")
     return 0
 

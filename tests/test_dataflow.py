@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 import scopegraph as sg
 from scopegraph import CudaGraph, library
 from scopegraph._borrow import Borrow
-from scopegraph._tracker import DataflowTracker, ProgramOrderTracker
+from scopegraph._tracker import DataflowTracker, ProgramOrderTracker, without_implied
 
 
 def test_independent_ops_get_no_edge_and_dependent_ones_do(sg_device: sg.Device, sg_stream: sg.Stream) -> None:
@@ -207,3 +207,44 @@ def test_empty_views_conflict_with_nothing(sg_device: sg.Device, sg_stream: sg.S
         g.launch()
         g.sync()
         np.testing.assert_array_equal(x.numpy(), 4.0)
+
+
+# -- the executable graph leaves implied edges out (without_implied) ------------------------------
+
+
+def _never(n: int, d: int) -> bool:
+    return False
+
+
+def test_implied_edges_are_left_out_of_a_read_modify_write_chain() -> None:
+    # The example above: node 5 waits for 2 and 3, and 3 waits for 2 alone.
+    deps = [frozenset(d) for d in ([], [], [0, 1], [2], [], [2, 3])]
+    assert without_implied(deps, _never) == [frozenset(d) for d in ([], [], [0, 1], [2], [], [3])]
+    # The seed model's 4 kernels a layer (norm, W1, W2, x += b): each write-after-read edge skips
+    # back over the chain, so the executable graph is a plain chain.
+    layer: list[frozenset[int]] = [frozenset()]
+    for i in range(1, 12):
+        layer.append(frozenset({i - 1, i - 3} if i >= 3 else {i - 1}))
+    assert without_implied(layer, _never) == [frozenset()] + [frozenset({i - 1}) for i in range(1, 12)]
+
+
+def test_an_implied_edge_is_kept_where_asked() -> None:
+    deps = [frozenset(d) for d in ([], [0], [1], [0, 2])]
+    assert without_implied(deps, _never)[3] == {2}
+    assert without_implied(deps, lambda n, d: (n, d) == (3, 0))[3] == {0, 2}
+
+
+def test_a_fork_is_not_a_chain() -> None:
+    # 1 and 2 both wait for 0 alone; 3 waits for 2. Node 4 waits for 1 and 3: 1 is no ancestor of
+    # 3, so both edges stay (a chain grows only from its last node).
+    deps = [frozenset(d) for d in ([], [0], [0], [2], [1, 3])]
+    assert without_implied(deps, _never)[4] == {1, 3}
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(st.integers(min_value=1, max_value=6), max_size=4), max_size=40))
+def test_leaving_implied_edges_out_keeps_every_ordering(back: list[list[int]]) -> None:
+    deps = [frozenset(n - k for k in ks if n - k >= 0) for n, ks in enumerate(back)]
+    reduced = without_implied(deps, _never)
+    assert all(r <= d for r, d in zip(reduced, deps, strict=True))
+    assert _closure(reduced) == _closure(deps)

@@ -44,7 +44,8 @@ def test_rms_norm(sg_device: sg.Device, sg_stream: sg.Stream) -> None:
 
 def test_matvec_vector_and_scalar_paths(sg_device: sg.Device, sg_stream: sg.Stream) -> None:
     rng = np.random.default_rng(2)
-    for n, k in ((300, 1024), (70, 37), (5, 2048 + 4)):  # vector path, scalar path, vector with a tail
+    # vector path, scalar path, vector with a tail; the narrow build (k <= 512), with a tail
+    for n, k in ((300, 1024), (70, 37), (5, 2048 + 4), (33, 512), (7, 260)):
         w_np, x_np = rand(rng, n, k), rand(rng, k)
         out = sg_device.from_numpy(np.full(n, np.nan, np.float32))
         sg_stream.run(library.matvec_op(out.mut(), sg_device.from_numpy(x_np), sg_device.from_numpy(w_np)))
@@ -52,3 +53,17 @@ def test_matvec_vector_and_scalar_paths(sg_device: sg.Device, sg_stream: sg.Stre
         want = w_np.astype(np.float64) @ x_np.astype(np.float64)
         got = out.numpy()
         assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-5, (n, k)
+
+
+def test_matvec_ops_take_the_narrow_build_for_narrow_rows() -> None:
+    dev = sg.device("host")
+    for k, narrow in ((512, True), (516, False), (2048, False), (37, True)):
+        w, x, out = dev.zeros((8, k)), dev.zeros((k,)), dev.zeros((8,))
+        for op, kern in (
+            (library.matvec_op(out.mut(), x, w), library.matvec),
+            (library.matvec_add_op(out.mut(), x, w), library.matvec_add),
+            (library.rms_norm_matvec_op(out.mut(), x, x, w, 1e-5), library.rms_norm_matvec),
+        ):
+            assert op.kernel is (library.narrow(kern) if narrow else kern), (k, kern.cpp_name)
+    assert library.narrow(library.matvec) is library.narrow(library.matvec)  # built once
+    assert library.narrow(library.matvec).options == (("define_macro", ("CHUNK", "4")),)

@@ -49,6 +49,16 @@ extern "C" __global__ void copy_forgets(float* __restrict__ dst, const float* __
     if (i < n) dst[i] = src[i];
 }
 
+// dst = src, read BEFORE the wait, yet declared pdl=True below: the bug the GPU test must catch.
+// (It does wait, after the read, so the compile-time check that a pdl=True kernel waits at all,
+// tests/test_pdl_wait_check.py, lets it through; copy_forgets it refuses.)
+extern "C" __global__ void copy_reads_early(float* __restrict__ dst, const float* __restrict__ src, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    float v = i < n ? src[i] : 0.f;
+    pdl_wait();
+    if (i < n) dst[i] = v;
+}
+
 // a = b = value: one kernel writing two tensors.
 extern "C" __global__ void fill2(float* __restrict__ a, float* __restrict__ b, float value, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -71,6 +81,10 @@ def copy_waits(dst: Mut[Tensor], src: Tensor, n: sg.i32) -> None: ...
 def copy_forgets(dst: Mut[Tensor], src: Tensor, n: sg.i32) -> None: ...
 
 
+@sg.kernel(HELPERS, touches={"dst": "n", "src": "n"}, pdl=True)
+def copy_reads_early(dst: Mut[Tensor], src: Tensor, n: sg.i32) -> None: ...
+
+
 @sg.kernel(HELPERS, touches={"a": "n", "b": "n"}, pdl=True)
 def fill2(a: Mut[Tensor], b: Mut[Tensor], value: sg.f32, n: sg.i32) -> None: ...
 
@@ -78,6 +92,7 @@ def fill2(a: Mut[Tensor], b: Mut[Tensor], value: sg.f32, n: sg.i32) -> None: ...
 @slow_copy.host
 @copy_waits.host
 @copy_forgets.host
+@copy_reads_early.host
 def _copy(dst: NDArray, src: NDArray, n: np.int32, *spin: object) -> None:
     dst.reshape(-1)[:n] = src.reshape(-1)[:n]
 
@@ -269,6 +284,9 @@ def test_the_structure_check_catches_a_kernel_that_forgets_to_wait() -> None:
     assert check_pdl_structure(copy_forgets, HELPERS) == [
         "copy_forgets: no unconditional pdl_wait() at the top level of its body"
     ]
+    assert check_pdl_structure(copy_reads_early, HELPERS) == [
+        "copy_reads_early: touches `src` before pdl_wait() (not in reads_before_wait)"
+    ]
     early = library.SOURCE.replace(
         "pdl_launch_dependents();\n    pdl_wait();  // a and b", "float t = a[0];\n    pdl_wait();  // a and b"
     )
@@ -287,7 +305,9 @@ def test_fused_matvec_kernels(sg_device: sg.Device, sg_stream: sg.Stream) -> Non
         (70, 37),
         (5, 2048 + 4),
         (3, 13000),
-    ):  # vector, scalar, vector with a tail, too wide for shared memory
+        (40, 512),
+        (9, 508),
+    ):  # vector, scalar, vector with a tail, too wide for shared memory, narrow build, with a tail
         w_np, x_np, nw_np, o_np = rand(rng, n, k), rand(rng, k), rand(rng, k), rand(rng, n)
         w, x, nw = sg_device.from_numpy(w_np), sg_device.from_numpy(x_np), sg_device.from_numpy(nw_np)
         out, acc = sg_device.from_numpy(np.full(n, np.nan, np.float32)), sg_device.from_numpy(o_np)
@@ -365,13 +385,15 @@ def _gpu_with_pdl() -> sg.Device:
 
 
 @pytest.mark.cuda
-def test_a_pdl_kernel_that_forgets_to_wait_reads_stale_data() -> None:
+def test_a_pdl_kernel_that_reads_before_its_wait_reads_stale_data() -> None:
+    """The GPU catches what the source check (above) and the compile-time wait check cannot be
+    relied on for: a kernel that waits, but reads its predecessor's output before the wait."""
     dev = _gpu_with_pdl()
     stream = dev.stream()
     ones = dev.from_numpy(np.ones(256, np.float32), name="ones")
     x, y = dev.zeros((256,), name="x"), dev.zeros((256,), name="y")
     results = {}
-    for reader in (copy_waits, copy_forgets):
+    for reader in (copy_waits, copy_reads_early):
         with CudaGraph.scope(stream) as s:
             s.record(sg.memset(x.mut(), 0.0))  # x is 0 until the slow writer's copy
             s.record(slow_copy[1, 256](x.mut(), ones, 256, SPIN_NS))
@@ -386,8 +408,8 @@ def test_a_pdl_kernel_that_forgets_to_wait_reads_stale_data() -> None:
                 seen.append(y.numpy().copy())
         results[reader.cpp_name] = seen
     assert all(np.array_equal(r, np.ones(256)) for r in results["copy_waits"])
-    # Without the wait the reader ran during the writer's spin: it copied the zeros.
-    assert any(not np.array_equal(r, np.ones(256)) for r in results["copy_forgets"])
+    # Reading before the wait, the reader ran during the writer's spin: it copied the zeros.
+    assert any(not np.array_equal(r, np.ones(256)) for r in results["copy_reads_early"])
 
 
 def _late(s: sg.Scope, dst: Tensor, value: Tensor) -> None:
@@ -456,3 +478,43 @@ def test_fused_model_graph_has_programmatic_edges_in_the_driver() -> None:
         assert [(a, b) for a, b, _ in driver] == sorted(g.edges)
         assert [(a, b) for a, b, p in driver if p] == sorted(g.programmatic_edges) == sorted(g.edges)
         assert g.to_dot().count("style=dashed") == len(g.edges)
+
+
+@pytest.mark.cuda
+def test_the_driver_graph_of_the_four_kernel_model_is_a_chain() -> None:
+    """Its write-after-read edges skip back over the chain (x += b waits for the norm that read x);
+    they are implied, so the executable graph leaves them out: a plain programmatic chain."""
+    dev = _gpu_with_pdl()
+    model = LayerStack(dev, Config(d=128, n_layers=3))
+    with CudaGraph.scope(dev.stream()) as s:
+        for op in model.ops("kernels"):
+            s.record(op)
+    with s.graph as g:
+        driver = g.executable.driver_edges()  # type: ignore[attr-defined]
+        chain = [(i - 1, i, True) for i in range(1, len(g.nodes))]
+        assert driver == chain
+        assert len(g.edges) > len(driver) and {(a, b) for a, b, _ in driver} <= set(g.edges)
+
+
+@pytest.mark.cuda
+def test_an_implied_edge_into_an_early_load_stays_in_the_driver_graph() -> None:
+    """matvec loads w before its wait. w's writer is implied by the chain 0 -> 1 -> 2, but node 1
+    triggers its dependents at entry, so without the direct (full) edge 0 -> 2 the matvec could
+    load w while node 0 still spins before writing it."""
+    dev = _gpu_with_pdl()
+    stream = dev.stream()
+    ones = dev.from_numpy(np.ones(64, np.float32), name="ones")
+    w, x, out = dev.zeros((8, 8), name="w"), dev.zeros((8,), name="x"), dev.zeros((8,), name="out")
+    with CudaGraph.scope(stream) as s:
+        s.record(slow_copy[1, 256](w.view((64,)).mut(), ones, 64, SPIN_NS))  # w = 1, late
+        s.record(slow_copy[1, 256](x.mut(), w.view((64,))[0:8], 8, 0))  # x = w[0]: after node 0
+        mv = s.record(library.matvec_op(out.mut(), x, w))
+    assert mv.deps == {0, 1} and mv.programmatic == {1}
+    with s.graph as g:
+        driver = g.executable.driver_edges()  # type: ignore[attr-defined]
+        assert (0, 2, False) in driver and (1, 2, True) in driver
+        for _ in range(3):
+            stream.run(sg.memset(w.mut(), 0.0))
+            g.launch()
+            g.sync()
+            np.testing.assert_array_equal(out.numpy(), 8.0)

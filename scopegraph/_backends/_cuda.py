@@ -50,7 +50,9 @@ from .._errors import CudaError, ScopeGraphError
 from .._kernel import KernelLaunch
 from .._lifetime import note_eager_use
 from .._ops import GraphNode, Join, Memcpy, Memset
+from .._pdl import loads_early
 from .._tensor import Tensor
+from .._tracker import without_implied
 
 if TYPE_CHECKING:
     from cuda.core.graph import Graph
@@ -400,7 +402,8 @@ class CudaBackend:
                 config = self._configs[shape] = LaunchConfig(grid=op.grid, block=op.block, shmem_size=op.shmem)
         # sg.Params bound to their defaults (a graph's node update binds its own values).
         values = op.resolved(None) if op.params else op.args
-        args = tuple(a.allocation.address + a.offset if isinstance(a, Tensor) else a for a in values)
+        # a._alloc: the allocation, without the property call (recording binds every launch).
+        args = tuple([a._alloc.address + a.offset if isinstance(a, Tensor) else a for a in values])
         return fn, config, args
 
     def run(self, op: GraphNode, stream: Stream) -> None:
@@ -474,11 +477,13 @@ class CudaBackend:
         """Add ``nodes`` to ``definition`` (the graph, or a loop or branch body) with their edges;
         the created nodes in record order. Bounded loops are collected in ``bounded``."""
         made: list[CoreNode] = []
+        # Edges that other edges imply are left out of the driver's graph (see without_implied).
+        direct = without_implied([rec.deps for rec in nodes], lambda n, d: loads_early(nodes[n].op, nodes[d].op))
         # Edges between PDL kernels (scopegraph._pdl) are added as programmatic edges after the
         # nodes; below sm_90 they are full edges like the rest.
         programmatic = self.pdl and any(rec.programmatic for rec in nodes)
-        for rec in nodes:
-            deps = rec.deps - rec.programmatic if programmatic and rec.programmatic else rec.deps
+        for rec, all_deps in zip(nodes, direct, strict=True):
+            deps = all_deps - rec.programmatic if programmatic and rec.programmatic else all_deps
             if len(deps) == 1:
                 (only,) = deps
                 parent: Any = made[only]
@@ -493,7 +498,8 @@ class CudaBackend:
                     node.pred = [made[d] for d in deps]
             made.append(node)
         if programmatic:
-            _add_programmatic_edges(definition, made, nodes)
+            kept = [rec.programmatic & deps for rec, deps in zip(nodes, direct, strict=True)]
+            _add_programmatic_edges(definition, made, kept)
         return made
 
     def _add_node(self, parent: Any, op: GraphNode) -> CoreNode:
@@ -603,9 +609,10 @@ class CudaBackend:
 
 
 def _add_programmatic_edges(
-    definition: GraphDefinition, made: Sequence[CoreNode], nodes: Sequence[RecordedNode]
+    definition: GraphDefinition, made: Sequence[CoreNode], programmatic: Sequence[frozenset[int]]
 ) -> None:
-    """Add every ``rec.programmatic`` edge as a programmatic dependency (DESIGN.md section 7).
+    """Add the programmatic edges (``programmatic[i]``: node i's predecessors over such edges) as
+    programmatic dependencies (DESIGN.md section 7).
 
     cuda.bindings, not cuda.core: cuda.core 1.2 makes only full edges (``pred``/``succ``,
     ``join``) and ignores ``LaunchConfig(programmatic_stream_serialization=True)`` on graph
@@ -619,8 +626,8 @@ def _add_programmatic_edges(
     edge.from_port = driver.CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC
     edge.type = driver.CUgraphDependencyType.CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC
     froms, tos = [], []
-    for i, rec in enumerate(nodes):
-        for d in sorted(rec.programmatic):
+    for i, preds in enumerate(programmatic):
+        for d in sorted(preds):
             froms.append(made[d].handle)
             tos.append(made[i].handle)
     (err,) = driver.cuGraphAddDependencies(definition.handle, froms, tos, [edge] * len(froms), len(froms))

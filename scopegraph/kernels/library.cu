@@ -21,10 +21,6 @@
 #ifndef SG_LATE_TRIGGER  // 1: trigger dependents after the wait instead of before it (benchmarks)
 #define SG_LATE_TRIGGER 0
 #endif
-#ifndef SG_L2_PREFETCH  // 0: no bulk L2 prefetch of weights before the wait (benchmarks)
-#define SG_L2_PREFETCH 1
-#endif
-
 // Blocks until every predecessor grid of a programmatic edge has finished and its memory
 // operations are visible (griddepcontrol.wait, i.e. cudaGridDependencySynchronize()).
 __device__ __forceinline__ void pdl_wait() {
@@ -41,16 +37,6 @@ __device__ __forceinline__ void pdl_wait() {
 __device__ __forceinline__ void pdl_launch_dependents() {
 #if __CUDA_ARCH__ >= 900 && !SG_LATE_TRIGGER
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
-// Asks L2 to fetch [p, p + bytes) from memory, without registers and without waiting (sm_90 bulk
-// prefetch): the weights stream in while the predecessor still computes. p and bytes must be
-// multiples of 16; anything else is skipped (it is only a hint).
-__device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
-#if __CUDA_ARCH__ >= 900 && SG_L2_PREFETCH
-    if (bytes >= 16 && (bytes & 15) == 0 && (reinterpret_cast<size_t>(p) & 15) == 0)
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
 #endif
 }
 
@@ -119,7 +105,7 @@ template <int BS>
 __global__ void rms_norm(float* __restrict__ out, const float* __restrict__ x,
                          const float* __restrict__ w, float eps, int d) {
     static_assert(BS % 32 == 0 && BS <= 1024, "BS must be a multiple of 32, at most 1024");
-    constexpr int EARLY = 4;  // weights per thread loaded before the wait
+    constexpr int EARLY = 8;  // elements per thread held in registers (the rest, if d > EARLY * BS, is looped)
     // 1. The weights (frozen: no predecessor writes them) into registers.
     float we[EARLY];
 #pragma unroll
@@ -127,17 +113,23 @@ __global__ void rms_norm(float* __restrict__ out, const float* __restrict__ x,
         int i = threadIdx.x + u * BS;
         we[u] = i < d ? w[i] : 0.f;
     }
-    pdl_launch_dependents();
-    pdl_wait();  // 3. x is complete from here on
+    pdl_launch_dependents();  // 2.
+    pdl_wait();               // 3. x is complete from here on
     const float* row = x + (size_t)blockIdx.x * d;
     float* dst = out + (size_t)blockIdx.x * d;
-    float sum = 0.f;
-    for (int i = threadIdx.x; i < d; i += BS) sum += row[i] * row[i];
+    float xe[EARLY], sum = 0.f;  // 4. the row, read once
+#pragma unroll
+    for (int u = 0; u < EARLY; ++u) {
+        int i = threadIdx.x + u * BS;
+        xe[u] = i < d ? row[i] : 0.f;
+        sum += xe[u] * xe[u];
+    }
+    for (int i = threadIdx.x + EARLY * BS; i < d; i += BS) sum += row[i] * row[i];
     const float scale = rsqrtf(block_sum(sum) / d + eps);
 #pragma unroll
     for (int u = 0; u < EARLY; ++u) {
         int i = threadIdx.x + u * BS;
-        if (i < d) dst[i] = row[i] * scale * we[u];
+        if (i < d) dst[i] = xe[u] * scale * we[u];
     }
     for (int i = threadIdx.x + EARLY * BS; i < d; i += BS) dst[i] = row[i] * scale * w[i];
 }
@@ -149,10 +141,16 @@ __global__ void rms_norm(float* __restrict__ out, const float* __restrict__ x,
 // row (8 rows per 256-thread block): at d = 2048 every warp then holds its whole row in registers
 // before the wait, i.e. the whole 16 MiB matrix is requested at once (measured on an H100: 2 rows
 // a warp, 18% fewer tokens/s; 4 rows, 39% fewer). Each lane reads the row as 16-byte vectors,
-// CHUNK of them in flight at once (CHUNK = 16: a 2048-wide row in one round trip to memory). The vector x is
-// staged in shared memory once per block when the launch gives k * 4 bytes of it (the *_op
-// helpers do, up to 48 KiB), so x is read from L2 once per block rather than once per row;
-// other shapes (k % 4 != 0, unaligned rows, no shared memory) take a plain scalar loop.
+// CHUNK of them in flight at once (CHUNK = 16: a 2048-wide row in one round trip to memory; the
+// *_op helpers launch a second build, with CHUNK = 4, for rows of at most 512 floats: fewer
+// instructions, at d = 512 about 25% more tokens/s). The vector x is staged in shared memory once
+// per block when the launch gives k * 4 bytes of it (the *_op helpers do, up to 48 KiB), so x is
+// read from L2 once per block rather than once per row; other shapes (k % 4 != 0, unaligned rows,
+// no shared memory) take a plain scalar loop.
+//
+// Measured on an H100 and dropped (benchmarks/NOTES.md): asking L2 (cp.async.bulk.prefetch.L2,
+// prefetch.global.L2) for the rows of the blocks that cannot start yet, 6-17% fewer tokens/s; and
+// half of each row held in shared memory (cp.async) so that four blocks fit an SM, 8-15% fewer.
 
 #ifndef CHUNK  // float4 loads in flight per lane (benchmarks may override it)
 #define CHUNK 16
@@ -187,54 +185,45 @@ struct WarpRows {
         vec = (k & 3) == 0 && (reinterpret_cast<size_t>(w) & 15) == 0 && dynamic_smem_bytes() >= 4u * k;
     }
 
-    __device__ const float4* row4(int row) const { return reinterpret_cast<const float4*>(w + (size_t)row * k); }
-
-    // Weights [c0, c0 + 32 * CHUNK) of `row`, this lane's share, into registers (zeros past the end).
+    // Weights [c0, c0 + 32 * CHUNK) of `row`, this lane's share, into registers (zeros past the end
+    // of the row): CHUNK loads issued back to back, one round trip to memory.
     __device__ __forceinline__ void load(float4 (&v)[CHUNK], int row, int c0) const {
-        const float4* r = row4(row) + c0 + lane;
-        if (c0 + 32 * CHUNK <= k4) {  // a whole chunk: CHUNK loads issued back to back
+        const float4* r = reinterpret_cast<const float4*>(w + (size_t)row * k) + c0 + lane;
 #pragma unroll
-            for (int u = 0; u < CHUNK; ++u) v[u] = __ldg(r + 32 * u);
-        } else {
-#pragma unroll
-            for (int u = 0; u < CHUNK; ++u)
-                v[u] = c0 + lane + 32 * u < k4 ? __ldg(r + 32 * u) : make_float4(0.f, 0.f, 0.f, 0.f);
-        }
+        for (int u = 0; u < CHUNK; ++u)
+            v[u] = c0 + lane + 32 * u < k4 ? __ldg(r + 32 * u) : make_float4(0.f, 0.f, 0.f, 0.f);
     }
 
-    // Step 1 of a PDL matvec: ask L2 for every row this warp will read (lane j takes the warp's
-    // j-th row), then load the first chunk of the first row into `v`. Weights only.
+    // dot(v, x[c0, c0 + 32 * CHUNK)), this lane's share.
+    __device__ __forceinline__ float dot(const float4 (&v)[CHUNK], const float4* xs, int c0) const {
+        float acc = 0.f;
+#pragma unroll
+        for (int u = 0; u < CHUNK; ++u) {
+            const int c = c0 + lane + 32 * u;
+            if (c < k4) {
+                const float4 a = xs[c];
+                acc += v[u].x * a.x + v[u].y * a.y + v[u].z * a.z + v[u].w * a.w;
+            }
+        }
+        return acc;
+    }
+
+    // Step 1 of a PDL matvec: the first chunk of this warp's first row, into registers. Weights only.
     __device__ __forceinline__ void prefetch(float4 (&v)[CHUNK]) const {
-        int mine = first + lane * stride;
-        if (mine < n) prefetch_l2(w + (size_t)mine * k, 4u * k);
         if (vec && first < n) load(v, first, 0);
     }
 
     // Step 4: dot(w[row, :], x) for each of this warp's rows, handed to done(row, dot) in lane 0.
     // xs: x (k floats) in shared memory, as float4 (vector path); x: x in global memory (scalar path).
     template <class Done>
-    __device__ __forceinline__ void run(float4 (&v)[CHUNK], const float4* xs, const float* x, const float* scale_x, Done done) const {
+    __device__ __forceinline__ void run(float4 (&v)[CHUNK], const float4* xs, const float* x, const float* scale_x,
+                                        Done done) const {
         for (int row = first; row < n; row += stride) {
             float acc = 0.f;
             if (vec) {
                 for (int c0 = 0; c0 < k4; c0 += 32 * CHUNK) {
                     if (row != first || c0 != 0) load(v, row, c0);  // the first chunk came before the wait
-                    if (c0 + 32 * CHUNK <= k4) {  // a whole chunk
-#pragma unroll
-                        for (int u = 0; u < CHUNK; ++u) {
-                            float4 a = xs[c0 + lane + 32 * u];
-                            acc += v[u].x * a.x + v[u].y * a.y + v[u].z * a.z + v[u].w * a.w;
-                        }
-                    } else {  // the tail: its first `used` vectors (the same in every lane; v is zero past k4)
-                        const int used = (k4 - c0 + 31) / 32;
-#pragma unroll
-                        for (int u = 0; u < CHUNK; ++u) {
-                            if (u < used) {
-                                float4 a = xs[min(c0 + lane + 32 * u, k4 - 1)];
-                                acc += v[u].x * a.x + v[u].y * a.y + v[u].z * a.z + v[u].w * a.w;
-                            }
-                        }
-                    }
+                    acc += dot(v, xs, c0);
                 }
             } else {
                 const float* r = w + (size_t)row * k;
