@@ -24,11 +24,13 @@ them. ``CudaGraph.scope(stream, pdl=False)`` records every edge as a full one.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from ._errors import SignatureError, diagnostic
 from ._kernel import KernelLaunch
+from ._tracker import without_implied
 
 if TYPE_CHECKING:
     from ._borrow import Borrow
@@ -70,31 +72,63 @@ def loads_early(op: GraphNode, before: GraphNode) -> bool:
 
 
 def check_programmatic(graph_id: int, nodes: Sequence[RecordedNode], changes: Mapping[int, GraphNode]) -> None:
-    """A rebind keeps the graph's edges, so it must not make a programmatic edge unsafe: a node
-    that now loads, before its wait, what a programmatic predecessor writes. Checked on every
-    backend (what the host accepts, a GPU runs)."""
+    """A rebind keeps the graph's edges, so it must not make a node load, before its wait, memory
+    that an earlier node writes unless that node is a direct, full predecessor in the executable
+    graph (as recording makes it): over a programmatic edge, or through a chain whose last edge is
+    programmatic, the node may start while the writer still runs. Checked on every backend (what
+    the host accepts, a GPU runs); linear in the graph's borrows plus the pairs it finds."""
     if not changes or not any(n.programmatic for n in nodes):
-        return
+        return  # only full edges: every node starts after all its ancestors have finished
     ops = {i: changes.get(i, n.op) for i, n in enumerate(nodes)}
-    touched = set(changes)
-    for n in nodes:
-        if not n.programmatic or not (n.index in touched or touched & n.programmatic):
+    # Who writes and who loads early, by memory region (wrappers of one memory share a region).
+    writers: dict[object, list[int]] = defaultdict(list)
+    loaders: dict[object, list[int]] = defaultdict(list)
+    for i, op in ops.items():
+        names = op.kernel.reads_before_wait if type(op) is KernelLaunch and op.kernel.pdl else NO_NAMES
+        for b in op.borrows:
+            if b.mutable:
+                writers[b.alloc.region].append(i)
+            elif b.param in names:
+                loaders[b.alloc.region].append(i)
+    pairs: set[tuple[int, int]] = set()  # (n, d): n may load early what d, earlier, writes
+    for c in changes:
+        for b in ops[c].borrows:
+            region = b.alloc.region
+            if c in loaders.get(region, ()):
+                pairs.update((c, d) for d in writers.get(region, ()) if d < c)
+            if b.mutable:
+                pairs.update((n, c) for n in loaders.get(region, ()) if n > c)
+    pairs = {(n, d) for n, d in pairs if loads_early(ops[n], ops[d])}
+    if not pairs:
+        return
+    # The executable's edges, as the backend built them from the recorded ops: only a direct full
+    # edge d -> n makes n wait for d before it starts.
+    direct = without_implied([n.deps for n in nodes], lambda n, d: loads_early(nodes[n].op, nodes[d].op))
+    for n, d in sorted(pairs):
+        if d in direct[n] and d not in nodes[n].programmatic:
             continue
-        op = ops[n.index]
-        early = [b for b in op.borrows if b.param in op.kernel.reads_before_wait] if type(op) is KernelLaunch else []
-        for d in sorted(n.programmatic):
-            for e in early:
-                if any(w.mutable and w.overlaps(e) for w in ops[d].borrows):
-                    raise _rebind_error(graph_id, n.index, op, d, ops[d], e)
+        op, before = ops[n], ops[d]
+        names = op.kernel.reads_before_wait if type(op) is KernelLaunch else NO_NAMES
+        early = next(
+            e for e in op.borrows if e.param in names and any(w.mutable and w.overlaps(e) for w in before.borrows)
+        )
+        raise _rebind_error(graph_id, n, op, d, before, early, d in nodes[n].programmatic)
 
 
-def _rebind_error(graph_id: int, index: int, op: GraphNode, d: int, before: GraphNode, early: Borrow) -> SignatureError:
+NO_NAMES: frozenset[str] = frozenset()
+
+
+def _rebind_error(
+    graph_id: int, index: int, op: GraphNode, d: int, before: GraphNode, early: Borrow, programmatic: bool
+) -> SignatureError:
     return SignatureError(
         diagnostic(
             f"cannot rebind graph #{graph_id}: node {index} (`{op.name}`) would load `{early.tensor.name}` "
             f"before it waits, while node {d} (`{before.name}`) writes it",
             [
-                f"the edge {d} -> {index} is programmatic: node {index} starts while node {d} runs",
+                f"the edge {d} -> {index} is programmatic: node {index} starts while node {d} runs"
+                if programmatic
+                else f"node {index} has no direct full edge from node {d}: it may start while node {d} runs",
                 f"`{early.param}` is read before griddepcontrol.wait (reads_before_wait)",
             ],
             help="record the graph again with the new tensors (or with CudaGraph.scope(stream, pdl=False))",

@@ -222,6 +222,30 @@ def test_rebind_that_would_make_a_programmatic_edge_race_is_refused(sg_device: s
     np.testing.assert_array_equal(out.numpy(), 8.0)
 
 
+def test_rebind_onto_memory_an_implied_predecessor_writes_is_refused(
+    sg_device: sg.Device, sg_stream: sg.Stream
+) -> None:
+    """Node 0 (a memset: full edges) writes m; node 1 reads it, so the matvec's only edge is the
+    programmatic 1 -> 2, and the driver graph has no edge 0 -> 2 (0 is implied). Rebinding the
+    matvec's weights (loaded before its wait) to m would let it load m while node 0 may still run."""
+    x, out = sg_device.zeros((8,), name="x"), sg_device.zeros((8,), name="out")
+    m = sg_device.zeros((8, 8), name="m")
+    w = sg_device.from_numpy(np.ones((8, 8), np.float32), name="w")
+    with CudaGraph.scope(sg_stream) as s:
+        s.record(sg.memset(m.mut(), 1.0))
+        s.record(library.add_op(x.mut(), m.view((64,))[:8], m.view((64,))[:8]))  # x = 2, after node 0
+        mv = s.record(library.matvec_op(out.mut(), x, w))
+    assert mv.deps == {1} and mv.programmatic == {1}
+    with s.graph as g:
+        with pytest.raises(sg.SignatureError, match="no direct full edge from node 0") as refused:
+            g.rebind({w: m})
+        assert "would load `m` before it waits, while node 0" in str(refused.value)
+        assert "help:" in str(refused.value)
+        g.launch()  # unchanged
+        g.sync()
+    np.testing.assert_array_equal(out.numpy(), 16.0)
+
+
 # -- the library's PDL kernels, read as source (CI, no GPU) ------------------------------------
 
 
