@@ -132,6 +132,7 @@ class Scope:
         self._tracker: DataflowTracker | ProgramOrderTracker | None = tracker(self._add_join)
         self._pin = Pin(f"the open scope at {opened_at}")
         self._where = ("", 0)
+        self._where_code: object = None  # the code object of the last record's caller
         self._state = _State.NEW
         self._graph: CudaGraph | None = None
         # The graph a clean exit records into again (CudaGraph.scope(stream, into=graph)), and the
@@ -173,7 +174,10 @@ class Scope:
             note_params(self._params, op)
         borrows = op.borrows
         frame = _getframe(1)
-        self._where = (frame.f_code.co_filename, frame.f_lineno)
+        code = frame.f_code
+        if frame.f_lineno != self._where[1] or code is not self._where_code:  # a loop shares one tuple
+            self._where = (code.co_filename, frame.f_lineno)
+            self._where_code = code
         assert self._tracker is not None  # open scopes have one
         deps = self._tracker.add(borrows)
         self._pin.add(borrows)
