@@ -65,8 +65,11 @@ class PdlWaitError(CompileError):
     device function the entry calls. A programmatic edge starts such a kernel while its
     predecessors still run, so one that never waits reads their outputs before they are written.
     The check is by presence, not control flow: it catches a kernel that never waits, not one that
-    waits too late, only in some threads, or only on some paths. Below sm_90 it does not run (no
-    edge is programmatic there). ``kernel_name`` and ``arch`` say which compilation was refused."""
+    waits too late, only in some threads, or only on some paths (such as an early ``return``
+    before the wait). Those break the contract too: scopegraph relies on a finished PDL kernel
+    having waited, for ordering what comes after it (it leaves out edges that this implies).
+    Below sm_90 the check does not run (no edge is programmatic there). ``kernel_name`` and
+    ``arch`` say which compilation was refused."""
 
     def __init__(self, kernel_name: str, arch: str, notes: Iterable[str] = ()) -> None:
         self.kernel_name = kernel_name
@@ -83,8 +86,8 @@ class PdlWaitError(CompileError):
                     *notes,
                 ],
                 help="call cudaGridDependencySynchronize() (from <cuda_device_runtime_api.h>) or "
-                'asm volatile("griddepcontrol.wait;" ::: "memory") in every thread before it reads its '
-                "predecessors' outputs, or drop pdl=True",
+                'asm volatile("griddepcontrol.wait;" ::: "memory") in every thread, on every path (an early '
+                "return too), before it reads its predecessors' outputs and before it exits, or drop pdl=True",
             ),
         )
 

@@ -26,7 +26,7 @@ from ._errors import LifetimeError, NotAGraphNodeError, SignatureError, diagnost
 from ._lifetime import Pin, order_replay
 from ._ops import GraphNode
 from ._params import ParamTable
-from ._pdl import check_programmatic
+from ._pdl import check_programmatic, executable_deps
 from ._scope import RecordedNode, Scope, caller
 from ._stream import Stream
 from ._tensor import Tensor
@@ -62,6 +62,9 @@ class CudaGraph:
         self.last_update: str | None = None
         self._params: ParamTable | None = None
         self._ancestors: list[int] | None = None
+        # The executable's edges (scopegraph._pdl.executable_deps of the nodes it was built from;
+        # a rebind changes ops, not edges), made for the first rebind.
+        self._direct: list[frozenset[int]] | None = None
 
     @classmethod
     def scope(cls, stream: Stream, order: str = "dataflow", into: CudaGraph | None = None, pdl: bool = True) -> Scope:
@@ -218,7 +221,9 @@ class CudaGraph:
             if self._ancestors is None:
                 self._ancestors = ancestors(nodes)
             check_order(self.id, nodes, changes, self._ancestors)
-            check_programmatic(self.id, nodes, changes)
+            if self._direct is None:
+                self._direct = executable_deps(nodes)
+            check_programmatic(self.id, nodes, changes, self._ancestors, self._direct)
             values = self._params.values if self._params is not None else {}
             done: list[int] = []
             try:
@@ -259,6 +264,7 @@ class CudaGraph:
             self.order = order
             self._params = None
             self._ancestors = None
+            self._direct = None
             graph_pin = self._pin
             repin(graph_pin, all_borrows(nodes))
             graph_pin.pending |= pin.pending

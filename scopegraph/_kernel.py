@@ -184,6 +184,12 @@ def _parse_touches(touches: Mapping[str, str], params: tuple[KernelParam, ...], 
         return None
     tensor_params = {p.name: i for i, p in enumerate(params) if p.kind != "scalar"}
     scalars = [p.name for p in params if p.kind == "scalar"]
+    for name in scalars:
+        if name in LAUNCH_NAMES:
+            raise SignatureError(
+                f"kernel `{kernel_name}`: parameter `{name}` has the name touches expressions use for the launch's "
+                f"{name.replace('_', ' ')}\nhelp: rename the parameter (e.g. `{name}_arg`), or leave touches out"
+            )
     help = (
         f"map a tensor parameter ({', '.join(tensor_params) or 'none declared'}) to an expression of "
         f'{", ".join(scalars + list(LAUNCH_NAMES))} with + - * //, e.g. touches={{"out": "n"}}'
@@ -490,7 +496,11 @@ def _make_binder(kernel: Kernel[Any]) -> Callable[..., None]:
                 op.params = tuple((i, v) for i, v in enumerate(args) if type(v) is Param)
                 op._check_touches(TOUCHES, op.resolved(None))
             else:
-                if not (0 <= (x2) and (x2) * 4 <= t0.nbytes and 0 <= (x2) and (x2) * 4 <= t1.nbytes):
+                try:
+                    fits = 0 <= (x2) and (x2) * 4 <= t0.nbytes and 0 <= (x2) and (x2) * 4 <= t1.nbytes
+                except ZeroDivisionError:  # `//` by a zero argument: _check_touches says so
+                    fits = False
+                if not fits:
                     op._check_touches(TOUCHES, args)
             b0 = NEW(Borrow)
             b0.tensor = t0
@@ -617,7 +627,11 @@ def _make_binder(kernel: Kernel[Any]) -> Callable[..., None]:
             "        op._check_touches(TOUCHES, op.resolved(None))",
             "    else:",
             *[f"        {d} = op.{d}" for d in ("grid", "block") if any(n.startswith(d) for n in used)],
-            f"        if not ({' and '.join(fits)}):",
+            "        try:",
+            f"            fits = {' and '.join(fits)}",
+            "        except ZeroDivisionError:  # `//` by a zero argument: _check_touches says so",
+            "            fits = False",
+            "        if not fits:",
             "            op._check_touches(TOUCHES, args)",
         ]
     if borrows:
@@ -783,7 +797,16 @@ class KernelLaunch(GraphNode):
     def _check_touches(self, touches: Touches, args: tuple[Any, ...]) -> None:
         # Python ints: numpy's fixed-width arithmetic could wrap a product past the check.
         scalars = [a.item() for a in args if not isinstance(a, Tensor)]
-        counts = touches.count(*scalars, *self.grid, *self.block)
+        try:
+            counts = touches.count(*scalars, *self.grid, *self.block)
+        except ZeroDivisionError:
+            raise SignatureError(
+                diagnostic(
+                    f"`{self.name}`: a declared size ({', '.join(touches.expressions)}) divides by zero",
+                    [self._launched_as(args)],
+                    help="pass a non-zero value for the argument that the touches expression divides by",
+                )
+            ) from None
         for position, need, name, expression in zip(
             touches.params, counts, touches.names, touches.expressions, strict=True
         ):
@@ -792,18 +815,16 @@ class KernelLaunch(GraphNode):
                 raise SignatureError(
                     diagnostic(
                         f"`{self.name}` would touch {need} elements of `{name}`, but `{tensor.name}` has {tensor.size}",
-                        [
-                            f"declared: `{name}` touches {expression} elements",
-                            f"launched as {self.name}[{self.grid}, {self.block}] with "
-                            + ", ".join(
-                                f"{p.name}={a}"
-                                for p, a in zip(self.kernel.params, args, strict=True)
-                                if p.kind == "scalar"
-                            ),
-                        ],
+                        [f"declared: `{name}` touches {expression} elements", self._launched_as(args)],
                         help=f"pass a size that fits `{tensor.name}` ({tensor.size} elements), or a larger tensor",
                     )
                 )
+
+    def _launched_as(self, args: tuple[Any, ...]) -> str:
+        scalars = ", ".join(
+            f"{p.name}={a}" for p, a in zip(self.kernel.params, args, strict=True) if p.kind == "scalar"
+        )
+        return f"launched as {self.name}[{self.grid}, {self.block}] with {scalars}"
 
     def _spec_error(self, param: KernelParam, tensor: Tensor) -> None:
         raise SignatureError(

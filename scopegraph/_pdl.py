@@ -71,12 +71,27 @@ def loads_early(op: GraphNode, before: GraphNode) -> bool:
     return any(w.mutable and w.overlaps(e) for w in before.borrows for e in early)
 
 
-def check_programmatic(graph_id: int, nodes: Sequence[RecordedNode], changes: Mapping[int, GraphNode]) -> None:
-    """A rebind keeps the graph's edges, so it must not make a node load, before its wait, memory
-    that an earlier node writes unless that node is a direct, full predecessor in the executable
-    graph (as recording makes it): over a programmatic edge, or through a chain whose last edge is
-    programmatic, the node may start while the writer still runs. Checked on every backend (what
-    the host accepts, a GPU runs); linear in the graph's borrows plus the pairs it finds."""
+def executable_deps(nodes: Sequence[RecordedNode]) -> list[frozenset[int]]:
+    """Each node's predecessors in the executable graph: its deps less the implied ones
+    (``without_implied``), keeping an implied edge into a node that loads, before its wait, what
+    the earlier node writes."""
+    return without_implied([n.deps for n in nodes], lambda n, d: loads_early(nodes[n].op, nodes[d].op))
+
+
+def check_programmatic(
+    graph_id: int,
+    nodes: Sequence[RecordedNode],
+    changes: Mapping[int, GraphNode],
+    ancestors: Sequence[int],
+    direct: Sequence[frozenset[int]],
+) -> None:
+    """A rebind keeps the graph's edges (``direct``: as the backend built them), so it must not make
+    a node load, before its wait, memory that an earlier node writes unless that node has finished
+    whenever the loading node starts. A node starts once its full predecessors have finished and
+    its programmatic ones have started, so the writer must be (an ancestor of) a full predecessor
+    of the node or, recursively, of a programmatic one. ``ancestors[i]`` is node i's ancestor bit
+    set. Checked on every backend (what the host accepts, a GPU runs); linear in the graph's
+    borrows plus the pairs it finds."""
     if not changes or not any(n.programmatic for n in nodes):
         return  # only full edges: every node starts after all its ancestors have finished
     ops = {i: changes.get(i, n.op) for i, n in enumerate(nodes)}
@@ -98,14 +113,8 @@ def check_programmatic(graph_id: int, nodes: Sequence[RecordedNode], changes: Ma
                 pairs.update((c, d) for d in writers.get(region, ()) if d < c)
             if b.mutable:
                 pairs.update((n, c) for n in loaders.get(region, ()) if n > c)
-    pairs = {(n, d) for n, d in pairs if loads_early(ops[n], ops[d])}
-    if not pairs:
-        return
-    # The executable's edges, as the backend built them from the recorded ops: only a direct full
-    # edge d -> n makes n wait for d before it starts.
-    direct = without_implied([n.deps for n in nodes], lambda n, d: loads_early(nodes[n].op, nodes[d].op))
     for n, d in sorted(pairs):
-        if d in direct[n] and d not in nodes[n].programmatic:
+        if not loads_early(ops[n], ops[d]) or _finished_before_start(d, n, nodes, ancestors, direct):
             continue
         op, before = ops[n], ops[d]
         names = op.kernel.reads_before_wait if type(op) is KernelLaunch else NO_NAMES
@@ -113,6 +122,26 @@ def check_programmatic(graph_id: int, nodes: Sequence[RecordedNode], changes: Ma
             e for e in op.borrows if e.param in names and any(w.mutable and w.overlaps(e) for w in before.borrows)
         )
         raise _rebind_error(graph_id, n, op, d, before, early, d in nodes[n].programmatic)
+
+
+def _finished_before_start(
+    d: int, n: int, nodes: Sequence[RecordedNode], ancestors: Sequence[int], direct: Sequence[frozenset[int]]
+) -> bool:
+    """Has node d always finished when node n starts? Walks n's programmatic predecessors back
+    (each starts only once its own full predecessors have finished) until a full edge from d or
+    from a node d precedes."""
+    todo, seen = [n], {n}
+    while todo:
+        x = todo.pop()
+        programmatic = nodes[x].programmatic
+        for p in direct[x]:
+            if p not in programmatic:
+                if p == d or (ancestors[p] >> d) & 1:
+                    return True
+            elif p > d and p not in seen:  # p may still run; what has finished before p starts has before x
+                seen.add(p)
+                todo.append(p)
+    return False
 
 
 NO_NAMES: frozenset[str] = frozenset()
@@ -128,7 +157,7 @@ def _rebind_error(
             [
                 f"the edge {d} -> {index} is programmatic: node {index} starts while node {d} runs"
                 if programmatic
-                else f"node {index} has no direct full edge from node {d}: it may start while node {d} runs",
+                else f"node {index} may start while node {d} runs: every path from {d} ends in programmatic edges",
                 f"`{early.param}` is read before griddepcontrol.wait (reads_before_wait)",
             ],
             help="record the graph again with the new tensors (or with CudaGraph.scope(stream, pdl=False))",

@@ -90,3 +90,40 @@ def test_write_to_read_only_foreign_array_is_refused_before_launch() -> None:
         with CudaGraph.scope(stream) as s:
             s.record(sg.memset(w.mut(), 1.0))
         s.graph.launch()  # the bug: a raw ValueError here, after instantiation
+
+
+@sg.kernel("", touches={"out": "n // k"})
+def _chunks(out: sg.Mut[sg.Tensor], n: sg.i32, k: sg.i32) -> None:
+    """Touches n // k elements of out."""
+
+
+@_chunks.host
+def _chunks_host(out: Any, n: Any, k: Any) -> None:
+    pass
+
+
+def test_a_declared_size_dividing_by_zero_is_a_signature_error() -> None:
+    """A touches expression ``n // k`` with k = 0 let ZeroDivisionError escape, when the op was
+    built and when a graph parameter took the value 0 at launch."""
+    dev = sg.device("host")
+    x = dev.zeros((16,))
+    with pytest.raises(sg.SignatureError, match="divides by zero") as built:
+        _chunks[1, 1](x.mut(), 16, 0)
+    assert "help:" in str(built.value) and "k=0" in str(built.value)
+    stream = dev.stream()
+    k = sg.Param("k", sg.i32, 1)
+    with CudaGraph.scope(stream) as s:
+        s.record(_chunks[1, 1](x.mut(), 16, k))
+    with s.graph as g, pytest.raises(sg.SignatureError, match="divides by zero"):
+        g.launch(k=0)
+
+
+def test_a_scalar_named_like_a_launch_size_is_refused_with_touches() -> None:
+    """A scalar parameter named ``grid_x`` made the compiled touches function a SyntaxError
+    (a duplicate argument) when the kernel was declared."""
+    with pytest.raises(sg.SignatureError, match="grid_x") as refused:
+
+        @sg.kernel("", touches={"out": "grid_x"})
+        def clash(out: sg.Mut[sg.Tensor], grid_x: sg.i32) -> None: ...
+
+    assert "help:" in str(refused.value)

@@ -222,28 +222,52 @@ def test_rebind_that_would_make_a_programmatic_edge_race_is_refused(sg_device: s
     np.testing.assert_array_equal(out.numpy(), 8.0)
 
 
-def test_rebind_onto_memory_an_implied_predecessor_writes_is_refused(
+def test_rebind_onto_memory_a_programmatic_chain_may_still_write_is_refused(
     sg_device: sg.Device, sg_stream: sg.Stream
 ) -> None:
-    """Node 0 (a memset: full edges) writes m; node 1 reads it, so the matvec's only edge is the
-    programmatic 1 -> 2, and the driver graph has no edge 0 -> 2 (0 is implied). Rebinding the
-    matvec's weights (loaded before its wait) to m would let it load m while node 0 may still run."""
+    """fill (node 0) writes m; the add reads it, so the matvec's only edge is the programmatic
+    1 -> 2, and 0 -> 1 is programmatic too: the matvec may start once the add has started, which
+    may be before the fill has written m. Rebinding the matvec's weights (loaded before its wait)
+    to m would race, although node 0 is an ancestor of node 2."""
     x, out = sg_device.zeros((8,), name="x"), sg_device.zeros((8,), name="out")
     m = sg_device.zeros((8, 8), name="m")
     w = sg_device.from_numpy(np.ones((8, 8), np.float32), name="w")
     with CudaGraph.scope(sg_stream) as s:
-        s.record(sg.memset(m.mut(), 1.0))
+        s.record(library.fill_op(m.mut(), 1.0))
         s.record(library.add_op(x.mut(), m.view((64,))[:8], m.view((64,))[:8]))  # x = 2, after node 0
         mv = s.record(library.matvec_op(out.mut(), x, w))
     assert mv.deps == {1} and mv.programmatic == {1}
     with s.graph as g:
-        with pytest.raises(sg.SignatureError, match="no direct full edge from node 0") as refused:
+        with pytest.raises(sg.SignatureError, match="every path from 0 ends in programmatic edges") as refused:
             g.rebind({w: m})
         assert "would load `m` before it waits, while node 0" in str(refused.value)
         assert "help:" in str(refused.value)
         g.launch()  # unchanged
         g.sync()
     np.testing.assert_array_equal(out.numpy(), 16.0)
+
+
+def test_rebind_onto_memory_a_full_edge_orders_is_accepted(sg_device: sg.Device, sg_stream: sg.Stream) -> None:
+    """The same shape with a memset and a memcpy (full edges) before the matvec: the matvec starts
+    only after the memcpy has finished, which started only after the memset had finished."""
+    k = 8
+    m = sg_device.zeros((2, k), name="m")
+    v = sg_device.from_numpy(np.ones((2, k), np.float32), name="v")
+    src = sg_device.from_numpy(np.full((2, k), 2.0, np.float32), name="src")
+    out = sg_device.zeros((2,), name="out")
+    a, b = sg_device.zeros((4,), name="a"), sg_device.zeros((4,), name="b")
+    with CudaGraph.scope(sg_stream) as s:
+        s.record(sg.memset(m.mut(), 0.0))
+        s.record(sg.memcpy(m.mut(), src))
+        s.record(library.matvec_op(out.mut(), m[0], v))  # loads v before its wait
+        s.record(library.add_op(a.mut(), b, b))  # a programmatic edge elsewhere in the graph
+        s.record(library.add_op(b.mut(), a, a))
+    with s.graph as g:
+        assert any(n.programmatic for n in g.nodes)
+        g.rebind({v: m})  # now it loads m early: ordered by the full edges 0 -> 1 -> 2
+        g.launch()
+        g.sync()
+    np.testing.assert_array_equal(out.numpy(), 2.0 * 2.0 * k)
 
 
 # -- the library's PDL kernels, read as source (CI, no GPU) ------------------------------------

@@ -50,9 +50,8 @@ from .._errors import CudaError, ScopeGraphError
 from .._kernel import KernelLaunch
 from .._lifetime import note_eager_use
 from .._ops import GraphNode, Join, Memcpy, Memset
-from .._pdl import loads_early
+from .._pdl import executable_deps
 from .._tensor import Tensor
-from .._tracker import without_implied
 
 if TYPE_CHECKING:
     from cuda.core.graph import Graph
@@ -477,8 +476,8 @@ class CudaBackend:
         """Add ``nodes`` to ``definition`` (the graph, or a loop or branch body) with their edges;
         the created nodes in record order. Bounded loops are collected in ``bounded``."""
         made: list[CoreNode] = []
-        # Edges that other edges imply are left out of the driver's graph (see without_implied).
-        direct = without_implied([rec.deps for rec in nodes], lambda n, d: loads_early(nodes[n].op, nodes[d].op))
+        # Edges that other edges imply are left out of the driver's graph (see _tracker.without_implied).
+        direct = executable_deps(nodes)
         # Edges between PDL kernels (scopegraph._pdl) are added as programmatic edges after the
         # nodes; below sm_90 they are full edges like the rest.
         programmatic = self.pdl and any(rec.programmatic for rec in nodes)
