@@ -53,7 +53,7 @@ def programmatic_deps(op: GraphNode, deps: frozenset[int], nodes: Sequence[Recor
         before = nodes[d].op
         if type(before) is not KernelLaunch or not before.kernel.pdl:
             continue
-        if early and loads_early(op, before):
+        if early and early_load_of(op, before) is not None:
             continue  # `op` would load what `before` is still writing
         chosen.append(d)
     if len(chosen) == len(deps):
@@ -61,21 +61,23 @@ def programmatic_deps(op: GraphNode, deps: frozenset[int], nodes: Sequence[Recor
     return frozenset(chosen) if chosen else NONE
 
 
-def loads_early(op: GraphNode, before: GraphNode) -> bool:
-    """Does ``op`` load, before its wait, memory that ``before`` writes? Then ``op`` must not start
-    until ``before`` has finished: its edge from ``before`` stays a full, direct one."""
+def early_load_of(op: GraphNode, before: GraphNode) -> Borrow | None:
+    """The borrow that ``op`` loads before its wait and ``before`` writes, if any. Then ``op`` must
+    not start until ``before`` has finished: its edge from ``before`` stays a full, direct one."""
     if type(op) is not KernelLaunch or not op.kernel.pdl or not op.kernel.reads_before_wait:
-        return False
+        return None
     names = op.kernel.reads_before_wait
-    early = [b for b in op.borrows if b.param in names]
-    return any(w.mutable and w.overlaps(e) for w in before.borrows for e in early)
+    for e in op.borrows:
+        if e.param in names and any(w.mutable and w.overlaps(e) for w in before.borrows):
+            return e
+    return None
 
 
 def executable_deps(nodes: Sequence[RecordedNode]) -> list[frozenset[int]]:
     """Each node's predecessors in the executable graph: its deps less the implied ones
     (``without_implied``), keeping an implied edge into a node that loads, before its wait, what
     the earlier node writes."""
-    return without_implied([n.deps for n in nodes], lambda n, d: loads_early(nodes[n].op, nodes[d].op))
+    return without_implied([n.deps for n in nodes], lambda n, d: early_load_of(nodes[n].op, nodes[d].op) is not None)
 
 
 def check_programmatic(
@@ -114,14 +116,9 @@ def check_programmatic(
             if b.mutable:
                 pairs.update((n, c) for n in loaders.get(region, ()) if n > c)
     for n, d in sorted(pairs):
-        if not loads_early(ops[n], ops[d]) or _finished_before_start(d, n, nodes, ancestors, direct):
-            continue
-        op, before = ops[n], ops[d]
-        names = op.kernel.reads_before_wait if type(op) is KernelLaunch else NO_NAMES
-        early = next(
-            e for e in op.borrows if e.param in names and any(w.mutable and w.overlaps(e) for w in before.borrows)
-        )
-        raise _rebind_error(graph_id, n, op, d, before, early, d in nodes[n].programmatic)
+        early = early_load_of(ops[n], ops[d])
+        if early is not None and not _finished_before_start(d, n, nodes, ancestors, direct):
+            raise _rebind_error(graph_id, n, ops[n], d, ops[d], early, d in nodes[n].programmatic)
 
 
 def _finished_before_start(

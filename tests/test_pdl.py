@@ -514,14 +514,19 @@ def test_every_library_pdl_kernel_waits_for_a_slow_writer() -> None:
                 np.testing.assert_allclose(t[k].numpy(), want[k].numpy(), rtol=1e-5, atol=1e-5, err_msg=name)
 
 
-@pytest.mark.cuda
-def test_fused_model_graph_has_programmatic_edges_in_the_driver() -> None:
+def _model_graph(form: str) -> CudaGraph:
+    """The seed model (d=128, 3 layers) in one of its forms, recorded on a PDL-capable GPU."""
     dev = _gpu_with_pdl()
     model = LayerStack(dev, Config(d=128, n_layers=3))
     with CudaGraph.scope(dev.stream()) as s:
-        for op in model.ops("fused"):
+        for op in model.ops(form):
             s.record(op)
-    with s.graph as g:
+    return s.graph
+
+
+@pytest.mark.cuda
+def test_fused_model_graph_has_programmatic_edges_in_the_driver() -> None:
+    with _model_graph("fused") as g:
         driver = g.executable.driver_edges()  # type: ignore[attr-defined]
         assert [(a, b) for a, b, _ in driver] == sorted(g.edges)
         assert [(a, b) for a, b, p in driver if p] == sorted(g.programmatic_edges) == sorted(g.edges)
@@ -532,12 +537,7 @@ def test_fused_model_graph_has_programmatic_edges_in_the_driver() -> None:
 def test_the_driver_graph_of_the_four_kernel_model_is_a_chain() -> None:
     """Its write-after-read edges skip back over the chain (x += b waits for the norm that read x);
     they are implied, so the executable graph leaves them out: a plain programmatic chain."""
-    dev = _gpu_with_pdl()
-    model = LayerStack(dev, Config(d=128, n_layers=3))
-    with CudaGraph.scope(dev.stream()) as s:
-        for op in model.ops("kernels"):
-            s.record(op)
-    with s.graph as g:
+    with _model_graph("kernels") as g:
         driver = g.executable.driver_edges()  # type: ignore[attr-defined]
         chain = [(i - 1, i, True) for i in range(1, len(g.nodes))]
         assert driver == chain
