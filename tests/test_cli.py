@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 import scopegraph as sg
-from scopegraph.__main__ import build_parser, main
+from scopegraph.__main__ import SUITES, build_parser, main
 from scopegraph._cli import progress
+from scopegraph._cli.bench import SUITES as RUNNABLE_SUITES
 from scopegraph._cli.bench import format_table
 from scopegraph._cli.info import probe_driver
 
@@ -209,6 +210,27 @@ def test_bench_record_rows_on_the_host(tmp_path: Path, capsys: pytest.CaptureFix
     table = (tmp_path / "bench.txt").read_text()
     assert "## 5. record cost per op, partial writes" in table and "## 6. small writes after 2000 readers" in table
     assert table in out
+
+
+def test_every_bench_suite_can_be_chosen_with_only() -> None:
+    assert tuple(RUNNABLE_SUITES) == SUITES
+
+
+def test_bench_pdl_suite_counts_recorded_and_driver_edges_on_the_host(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, _ = run_main(["bench", "--quick", "--only", "pdl", "--device", "host", "--out", str(tmp_path)], capsys)
+    assert code == 0
+    result = json.loads((tmp_path / "bench.json").read_text())["pdl"]
+    chain = result["chain"]
+    assert chain["edges"] == chain["driver_edges"] == chain["kernels"] - 1 and chain["identical"]
+    by_form = {row["form"]: row for row in result["model"]}
+    # The 4-kernel form's write-after-read edges (x += b after the rms_norm that read x) are
+    # implied by the chain rms_norm -> matvec -> matvec -> add: recorded, left out of the driver graph.
+    kernels = by_form["kernels"]
+    assert kernels["driver_edges"] == 4 * kernels["n_layers"] - 1 < kernels["edges"]
+    assert all(row["programmatic_edges"] == 0 for row in result["model"])  # the host backend has no PDL
+    assert "driver" in (tmp_path / "bench.txt").read_text()
 
 
 def test_missing_figures_read_the_same_in_every_table() -> None:
