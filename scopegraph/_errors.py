@@ -128,6 +128,19 @@ class CudaError(ScopeGraphError):
         super().__init__("\n".join(lines))
 
 
+class LaunchResourceError(SignatureError, CudaError):
+    """A launch that its kernel, as compiled for the device, cannot take: more threads a block than
+    its ``__launch_bounds__`` or its registers allow, or more dynamic shared memory than its static
+    shared memory leaves. Raised when the launch is run or recorded, before the driver is asked
+    (which would refuse it with ``result``), so it is a SignatureError and a CudaError both."""
+
+    def __init__(self, operation: str, message: str) -> None:
+        Exception.__init__(self, message)
+        self.operation = operation
+        self.result = "CUDA_ERROR_INVALID_VALUE"
+        self.context_lost = False
+
+
 def diagnostic(headline: str, notes: Iterable[str] = (), help: str = "") -> str:
     """Format a rustc-style message: headline, ``|``-prefixed notes, then ``help:``."""
     lines = [headline]

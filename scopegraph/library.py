@@ -39,6 +39,10 @@ NDArray = np.ndarray[Any, np.dtype[Any]]
 P = ParamSpec("P")
 
 ELEMENTWISE_BLOCK = 256
+# axpy_op's blocks are larger: in the seed model's 4-kernel form the residual add sits on the
+# critical path between two matvecs, and with fewer blocks it finishes sooner (H100, d=2048 x 22:
+# +2% tokens/s against 256 threads; d=512 the same within noise; benchmarks/NOTES.md).
+AXPY_BLOCK = 512
 # matvec family: 8 warps a block, one row a warp (kernels/library.cu says why).
 MATVEC_WARPS = 8
 MATVEC_ROWS_PER_WARP = 1
@@ -181,10 +185,10 @@ def _written(out: Mut[Tensor], helper: str) -> Tensor:
     return borrowed_tensor(out, True, helper, "out")
 
 
-def _elementwise(out: Mut[Tensor], helper: str) -> tuple[int, int]:
+def _elementwise(out: Mut[Tensor], helper: str, block: int = ELEMENTWISE_BLOCK) -> tuple[int, int]:
     """(elements, blocks) of an elementwise launch over ``out``: one call on the hot path."""
     n = (out.tensor if type(out) is Mut else _written(out, helper)).size
-    return n, -(-n // ELEMENTWISE_BLOCK) or 1
+    return n, -(-n // block) or 1
 
 
 def fill_op(out: Mut[Tensor], value: float) -> KernelLaunch:
@@ -198,8 +202,8 @@ def add_op(out: Mut[Tensor], a: Tensor, b: Tensor) -> KernelLaunch:
 
 
 def axpy_op(out: Mut[Tensor], x: Tensor, a: float) -> KernelLaunch:
-    n, grid = _elementwise(out, "axpy_op")
-    return axpy[grid, ELEMENTWISE_BLOCK](out, x, a, n)
+    n, grid = _elementwise(out, "axpy_op", AXPY_BLOCK)
+    return axpy[grid, AXPY_BLOCK](out, x, a, n)
 
 
 def add_scalar_op(out: Mut[Tensor], value: float) -> KernelLaunch:

@@ -6,6 +6,8 @@ PyTorch's CUDA graph of the same 4 kernels and the read-only streaming ceiling.
     PYTHONPATH=. python3 scripts/tune_pdl.py            # the variant table
     PYTHONPATH=. python3 scripts/tune_pdl.py --trace    # and a timeline of a few layers
     PYTHONPATH=. python3 scripts/tune_pdl.py --host     # a dry run on the host backend (no GPU)
+    git show HEAD:scopegraph/kernels/library.cu > /tmp/base.cu
+    PYTHONPATH=. python3 scripts/tune_pdl.py --baseline /tmp/base.cu   # also that version's cases
 
 The variants are the library's own source compiled with macros (CHUNK, SG_MATVEC_BOUNDS,
 SG_LATE_TRIGGER) and launched with other blocks, and the same graph recorded three ways: the
@@ -41,38 +43,41 @@ class Case(NamedTuple):
     form: str  # "fused" (2 kernels a layer) or "kernels" (4)
     macros: tuple[str, ...] = ()
     rms: int = 0  # rms_norm's block (0: the library's, rms_norm_block(d))
-    axpy: int = 0  # axpy's block (0: the library's, 256)
+    axpy: int = 0  # axpy's block (0: the library's, library.AXPY_BLOCK)
     chain: bool = False  # the graph's edges reduced to the chain (reduce_to_chain)
     order: str = "dataflow"  # the scope's order= ("program": each op after the one before)
+    base: bool = False  # every kernel from the --baseline source (another version of library.cu)
 
 
 WIDE = ("CHUNK=16",)  # the matvec build for wide rows, also for narrow ones
 NO_BOUNDS = ("SG_MATVEC_BOUNDS=",)  # no register cap (2 matvec blocks an SM instead of 3)
 LATE = ("SG_LATE_TRIGGER=1",)  # dependents triggered after the wait
 
-# d=2048 x 22: what each case changes from the library's defaults.
+TWO_BLOCKS = ("SG_MATVEC_BOUNDS=__launch_bounds__(256,2)",)  # 2 matvec blocks an SM: 1 matrix on chip, not 1.5
+
+# d=2048 x 22: what each case changes from the library's defaults. The baseline cases (with
+# --baseline) launch axpy with 256 threads, as the library did before AXPY_BLOCK.
 CASES: list[Case] = [
+    Case("fused, baseline", "fused", base=True),
     Case("fused", "fused"),
-    Case("fused, no register cap", "fused", NO_BOUNDS),
-    Case("fused, late trigger", "fused", LATE),
+    Case("4k, baseline", "kernels", axpy=256, base=True),
     Case("4k", "kernels"),
-    Case("4k, program order", "kernels", order="program"),
-    Case("4k, chain", "kernels", chain=True),
-    Case("4k, chain, rms_norm 1024 threads", "kernels", rms=1024, chain=True),
-    Case("4k, chain, axpy 1024 threads", "kernels", axpy=1024, chain=True),
-    Case("4k, chain, late trigger", "kernels", LATE, chain=True),
-    Case("4k, chain, no register cap", "kernels", NO_BOUNDS, chain=True),
+    Case("4k, axpy 256 threads", "kernels", axpy=256),
+    Case("4k, axpy 1024 threads", "kernels", axpy=1024),
+    Case("4k, no register cap", "kernels", NO_BOUNDS),
+    Case("4k, 2 matvec blocks an SM", "kernels", TWO_BLOCKS),
+    Case("fused, 2 matvec blocks an SM", "fused", TWO_BLOCKS),
 ]
-TRACED = ("4k", "4k, chain")
+TRACED = ("4k", "4k, 2 matvec blocks an SM")
 # d=512 x 22 (launch-bound: the weights nearly fit in L2).
 SMALL_CASES: list[Case] = [
+    Case("fused, baseline", "fused", base=True),
     Case("fused", "fused"),
-    Case("fused, wide build", "fused", WIDE),
+    Case("4k, baseline", "kernels", axpy=256, base=True),
     Case("4k", "kernels"),
-    Case("4k, wide build", "kernels", WIDE),
-    Case("4k, program order", "kernels", order="program"),
-    Case("4k, chain", "kernels", chain=True),
+    Case("4k, axpy 256 threads", "kernels", axpy=256),
 ]
+BASELINE: list[str | None] = [None]  # --baseline FILE: its text
 
 
 def reduce_to_chain(nodes: list[Any]) -> None:
@@ -137,6 +142,9 @@ def form_ops(model: LayerStack, case: Case, source: str | None = None) -> tuple[
     """The ops of one forward pass with the case's kernels, and those kernels."""
     form, macros, rms_block, axpy_block = case.form, case.macros, case.rms, case.axpy
     cfg, hidden = model.cfg, model.hidden
+    if case.base:
+        assert BASELINE[0] is not None, "a baseline case needs --baseline FILE"
+        source = BASELINE[0] if source is None else traced_source(BASELINE[0])
     ks = kernels_of(form, macros, rms_block, cfg.d, source)
     ops: list[Any] = []
     for w, b in zip(model.weights, model.buffers, strict=True):
@@ -149,7 +157,7 @@ def form_ops(model: LayerStack, case: Case, source: str | None = None) -> tuple[
             ]
             continue
         bs = int(ks[0].template_args[0])
-        ab = axpy_block or library.ELEMENTWISE_BLOCK
+        ab = axpy_block or library.AXPY_BLOCK
         ops += [
             ks[0][1, bs](b.norm.mut(), hidden.view((1, cfg.d)), w.norm_w, cfg.eps, cfg.d),
             ks[1][grid, block, shared](b.q.mut(), b.norm, w.wq, n, k),
@@ -329,6 +337,12 @@ def trace(dev: sg.Device, stream: sg.Stream, case: Case, d: int = 2048, layers: 
 
 
 def main() -> int:
+    if "--baseline" in sys.argv:  # a version of library.cu to compare with, in the same run
+        with open(sys.argv[sys.argv.index("--baseline") + 1]) as f:
+            BASELINE[0] = f.read()
+    else:
+        CASES[:] = [c for c in CASES if not c.base]
+        SMALL_CASES[:] = [c for c in SMALL_CASES if not c.base]
     if "--host" in sys.argv:  # a dry run of the table on the host backend (no GPU; timings meaningless)
         dev = sg.device("host")
         run_size(dev, dev.stream(), 64, CASES, 1.0)
@@ -341,8 +355,7 @@ def main() -> int:
     bw = bandwidths(dev, big.weight_bytes)
     print("bandwidths GB/s: " + ", ".join(f"{k} {v / 1e9:.0f}" for k, v in bw.items()), flush=True)
     if "--trace" in sys.argv:
-        for label in TRACED:
-            case = next(c for c in CASES if c[0] == label)
+        for case in (c for c in CASES if c.label in TRACED):
             try:
                 trace(dev, stream, case)
             except Exception as exc:  # a diagnostic: the timing table still runs

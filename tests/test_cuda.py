@@ -88,14 +88,18 @@ def bounded(x: Mut[Tensor]) -> None: ...
 
 
 def test_bad_launch_is_a_cuda_error_and_the_stream_survives(cuda: sg.Device) -> None:
-    """A launch every GPU accepts in general but this kernel refuses (its __launch_bounds__):
-    the driver's error becomes a CudaError naming the launch, and the stream stays usable."""
+    """A launch every GPU accepts in general but this kernel refuses (its __launch_bounds__): a
+    LaunchResourceError, found before the driver is asked, and also a CudaError naming the launch
+    and the driver's result; the stream stays usable, and a graph of it is never built."""
     stream = cuda.stream()
     x = cuda.zeros((128,), name="x")
     with pytest.raises(sg.CudaError) as info:
         stream.run(bounded[1, 128](x.mut()))
+    assert type(info.value) is sg.LaunchResourceError and isinstance(info.value, sg.SignatureError)
     assert info.value.result.startswith("CUDA_ERROR_") and "bounded" in info.value.operation
-    assert not info.value.context_lost
+    assert not info.value.context_lost and "at most 64" in str(info.value)
+    with pytest.raises(sg.LaunchResourceError), CudaGraph.scope(stream) as s:
+        s.record(bounded[1, 128](x.mut()))
     stream.run(library.fill_op(x.mut(), 1.0))
     stream.sync()
     np.testing.assert_array_equal(x.numpy(), 1.0)

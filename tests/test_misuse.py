@@ -126,6 +126,22 @@ def _fill_grid_host(out: NDArray) -> None:
     out[...] = 1.0
 
 
+STATIC_SHARED_SRC = r"""
+extern "C" __global__ void misuse_static_shared(float* out) {
+    __shared__ float staged[256];  // 1 KiB of static shared memory
+    extern __shared__ float dynamic[];
+    staged[threadIdx.x] = dynamic[threadIdx.x];
+    __syncthreads();
+    out[threadIdx.x] = staged[255 - threadIdx.x];
+}
+"""
+
+
+@sg.kernel(STATIC_SHARED_SRC)
+def misuse_static_shared(out: Mut[Tensor]) -> None:
+    """out = reversed dynamic shared memory (its content does not matter here); 1 KiB static."""
+
+
 def touches_kernel(touches: dict[str, str]) -> Any:
     """misuse_copy_n declared with ``touches``; the host reference is attached."""
     k = kernel_with_touches(COPY_SRC, touches=touches)(misuse_copy_n)
@@ -969,6 +985,22 @@ def memcpy_between_two_gpus(c: Ctx) -> None:
     x = c.zeros(4, "x")
     y = c.track(sg.device("cuda:1").zeros((4,), name="y"))
     sg.memcpy(x.mut(), y)
+
+
+@cuda_case("LaunchResourceError", r"misuse_static_shared", r"48128", r"static shared memory")
+def dynamic_shared_memory_past_what_static_leaves(c: Ctx) -> None:
+    """48 KiB of dynamic shared memory for a kernel with 1 KiB static: within the 48 KiB that
+    the launch shape allows, past what the compiled kernel can have (the driver refuses it)."""
+    out = c.zeros(256, "out")
+    with c.scope() as s:
+        s.record(misuse_static_shared[1, 256, 48 * 1024](out.mut()))
+
+
+@cuda_case("LaunchResourceError", r"matvec", r"512 threads", r"at most 256", r"__launch_bounds__")
+def block_past_the_kernels_launch_bounds(c: Ctx) -> None:
+    """library.matvec (declared __launch_bounds__(256, 3)) launched eagerly with 512 threads a block."""
+    out, x, w = c.zeros(8, "out"), c.zeros(16, "x"), c.zeros((8, 16), "w")
+    c.stream.run(library.matvec[1, 512, 64](out.mut(), x, w, 8, 16))
 
 
 # -- the runners -----------------------------------------------------------------------------------

@@ -46,8 +46,8 @@ from cuda.core.utils import StridedMemoryView
 from .._capture import Captured
 from .._compile import compile_kernel
 from .._control import ControlNode, If, While, sg_condition
-from .._errors import CudaError, ScopeGraphError
-from .._kernel import KernelLaunch
+from .._errors import CudaError, LaunchResourceError, ScopeGraphError, diagnostic
+from .._kernel import MAX_DYNAMIC_SHARED_BYTES, Kernel, KernelLaunch
 from .._lifetime import note_eager_use
 from .._ops import GraphNode, Join, Memcpy, Memset
 from .._pdl import executable_deps
@@ -240,6 +240,32 @@ class _CudaExecutable:
                 return f.read()
 
 
+def _does_not_fit(op: KernelLaunch, max_threads: int, max_shared: int, arch: str) -> LaunchResourceError:
+    """Why a launch is more than its kernel, as compiled, allows (fewer threads than 1024 when
+    ``__launch_bounds__`` or its registers say so; static shared memory shares the 48 KiB): the
+    driver would otherwise refuse it at launch, or when a graph of it is built."""
+    threads = op.block[0] * op.block[1] * op.block[2]
+    if threads > max_threads:
+        return LaunchResourceError(
+            f"launching `{op.name}`",
+            diagnostic(
+                f"`{op.name}` is launched with {threads} threads a block, but as compiled for {arch} it "
+                f"takes at most {max_threads}",
+                ["its __launch_bounds__, or the registers each thread needs, set that limit"],
+                help=f"launch it with at most {max_threads} threads a block, and more blocks",
+            ),
+        )
+    return LaunchResourceError(
+        f"launching `{op.name}`",
+        diagnostic(
+            f"`{op.name}` asks for {op.shmem} bytes of dynamic shared memory, but as compiled for {arch} "
+            f"it can have at most {max_shared}",
+            [f"its static shared memory and the dynamic share at most {MAX_DYNAMIC_SHARED_BYTES} bytes"],
+            help=f"launch it with at most {max_shared} bytes of shared memory",
+        ),
+    )
+
+
 class CudaBackend:
     name = "cuda"
 
@@ -247,6 +273,9 @@ class CudaBackend:
         self.last_work: tuple[object, Stream] | None = None
         self._current = threading.local()
         self._configs: dict[tuple[Any, ...], LaunchConfig] = {}
+        # Per compiled kernel: the most threads a block may have and the most dynamic shared
+        # memory a launch may ask for, as compiled for this device (see _does_not_fit).
+        self._limits: dict[Kernel[Any], tuple[int, int]] = {}
         with self.driver_call(f"initialising cuda:{index}"):
             self.core = CoreDevice(index)
             self.make_current()
@@ -391,6 +420,18 @@ class CudaBackend:
             self.make_current()
             with self.driver_call(f"loading kernel `{kernel.name_expression}`"):
                 fn = kernel.compiled[self] = code.get_kernel(kernel.name_expression)
+        limits = self._limits.get(kernel)
+        if limits is None:
+            with self.driver_call(f"reading the attributes of kernel `{kernel.name_expression}`"):
+                attributes = fn.attributes  # type: ignore[attr-defined]
+                static = attributes.shared_size_bytes
+                limits = self._limits[kernel] = (
+                    attributes.max_threads_per_block,
+                    min(attributes.max_dynamic_shared_size_bytes, MAX_DYNAMIC_SHARED_BYTES - static),
+                )
+        block = op.block
+        if block[0] * block[1] * block[2] > limits[0] or op.shmem > limits[1]:
+            raise _does_not_fit(op, *limits, self.arch)
         # One LaunchConfig per launch shape, made once (building ops is a hot path: issue 11).
         shape = (op.grid, op.block, op.shmem)
         config = self._configs.get(shape)
