@@ -120,3 +120,30 @@ def test_eager_memset_and_memcpy_write_every_width(
     y = sg_device.zeros((6,), dtype)
     sg_stream.run(sg.memcpy(y[2:6].mut(), x[:4]))
     np.testing.assert_array_equal(y.numpy(), np.concatenate([np.zeros(2, dtype.numpy), expect[:4]]))
+
+
+def test_eager_memcpy_and_memset_allocate_nothing_per_call(
+    sg_device: sg.Device, sg_stream: sg.Stream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 11: an eager copy or fill takes no memory of its own (no staging buffer, no pattern
+    tensor): 200 of each call the backend's allocator not once."""
+    x, y = sg_device.zeros((64,), name="x"), sg_device.zeros((64,), name="y")
+    sg_stream.run(sg.memset(x.mut(), 1.0))  # whatever a first call sets up once is not per call
+    sg_stream.run(sg.memcpy(y.mut(), x))
+    allocated: list[int] = []
+    real = sg_device.backend.allocate
+
+    def counting(nbytes: int) -> tuple[object, int]:
+        allocated.append(nbytes)
+        return real(nbytes)
+
+    monkeypatch.setattr(sg_device.backend, "allocate", counting)
+    for i in range(200):
+        sg_stream.run(sg.memset(x[i % 64 :].mut(), float(i)))
+        sg_stream.run(sg.memcpy(y.mut(), x))
+    sg_stream.sync()
+    assert allocated == []
+    expect = np.array([float(max(i for i in range(200) if i % 64 <= j)) for j in range(64)], np.float32)
+    np.testing.assert_array_equal(y.numpy(), expect)
+    sg_device.zeros((4,))  # the count works: a real allocation is seen
+    assert len(allocated) == 1
