@@ -7,6 +7,7 @@ borrow or use that takes part, then a ``help:`` line.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 
 class ScopeGraphError(Exception):
@@ -127,6 +128,9 @@ class CudaError(ScopeGraphError):
             )
         super().__init__("\n".join(lines))
 
+    def __reduce__(self) -> tuple[Any, ...]:  # args holds the message only: rebuild from the fields
+        return _rebuilt, (type(self), str(self), self.__dict__)
+
 
 class LaunchResourceError(SignatureError, CudaError):
     """A launch that its kernel, as compiled for the device, cannot take: more threads a block than
@@ -134,11 +138,19 @@ class LaunchResourceError(SignatureError, CudaError):
     shared memory leaves. Raised when the launch is run or recorded, before the driver is asked
     (which would refuse it with ``result``), so it is a SignatureError and a CudaError both."""
 
-    def __init__(self, operation: str, message: str) -> None:
+    def __init__(self, operation: str, result: str, message: str) -> None:
         Exception.__init__(self, message)
         self.operation = operation
-        self.result = "CUDA_ERROR_INVALID_VALUE"
+        self.result = result  # what the driver gives for such a launch
         self.context_lost = False
+
+
+def _rebuilt(cls: type[BaseException], message: str, fields: dict[str, Any]) -> BaseException:
+    """An error of ``cls`` with ``message`` and ``fields``, without its __init__ (unpickling)."""
+    error = cls.__new__(cls)
+    Exception.__init__(error, message)
+    error.__dict__.update(fields)
+    return error
 
 
 def diagnostic(headline: str, notes: Iterable[str] = (), help: str = "") -> str:

@@ -302,8 +302,9 @@ class Kernel(Generic[P]):
         self._binder: Callable[..., None] | None = None
         # Instantiations made by generics(), so each one compiles (and is cached) once.
         self._instances: dict[tuple[str, ...], Kernel[P]] = {}
-        # Compiled per device by the CUDA backend: device key -> cuda.core Kernel.
-        self.compiled: dict[object, object] = {}
+        # Loaded per device by the CUDA backend: backend -> its loaded form (the cuda.core Kernel
+        # and the launch limits it was compiled to; see _backends/_cuda.py).
+        self.compiled: dict[object, Any] = {}
 
     def __repr__(self) -> str:
         sig = ", ".join(p.describe() for p in self.params)

@@ -49,9 +49,9 @@ def programmatic_deps(op: GraphNode, deps: frozenset[int], nodes: Sequence[Recor
         return NONE
     early = kernel.reads_before_wait
     if len(deps) == 1 and not early:  # one predecessor (a chain): no list, no new set
-        for d in deps:
-            before = nodes[d].op
-            return deps if type(before) is KernelLaunch and before.kernel.pdl else NONE
+        (d,) = deps
+        before = nodes[d].op
+        return deps if type(before) is KernelLaunch and before.kernel.pdl else NONE
     chosen = []
     for d in deps:
         before = nodes[d].op

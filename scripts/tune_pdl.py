@@ -10,11 +10,9 @@ PyTorch's CUDA graph of the same 4 kernels and the read-only streaming ceiling.
     PYTHONPATH=. python3 scripts/tune_pdl.py --baseline /tmp/base.cu   # also that version's cases
 
 The variants are the library's own source compiled with macros (CHUNK, SG_MATVEC_BOUNDS,
-SG_LATE_TRIGGER) and launched with other blocks, and the same graph recorded three ways: the
-scope's dataflow edges as they are, in program order (each op after the one before, as a CUDA
-stream capture records it), and the dataflow edges with each programmatic edge that a chain of
-programmatic edges already implies dropped (``reduce_to_chain``, an experiment). benchmarks/NOTES.md
-records what was chosen and why.
+SG_LATE_TRIGGER) or launched with other blocks; ``--baseline`` adds the cases marked ``base``,
+built from another version of library.cu, so an old and a new library are timed in one run.
+benchmarks/NOTES.md records what was tried, what was chosen and why.
 
 ``--trace`` compiles the library with a timestamp (``%globaltimer``) at each block's start (its
 trigger) and at its wait's release, replays one token and prints, for each kernel of a few
@@ -23,9 +21,11 @@ layers, when its blocks started and when their waits returned.
 
 from __future__ import annotations
 
+import argparse
 import re
 import sys
 import time
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -42,17 +42,11 @@ class Case(NamedTuple):
     label: str
     form: str  # "fused" (2 kernels a layer) or "kernels" (4)
     macros: tuple[str, ...] = ()
-    rms: int = 0  # rms_norm's block (0: the library's, rms_norm_block(d))
     axpy: int = 0  # axpy's block (0: the library's, library.AXPY_BLOCK)
-    chain: bool = False  # the graph's edges reduced to the chain (reduce_to_chain)
-    order: str = "dataflow"  # the scope's order= ("program": each op after the one before)
     base: bool = False  # every kernel from the --baseline source (another version of library.cu)
 
 
-WIDE = ("CHUNK=16",)  # the matvec build for wide rows, also for narrow ones
 NO_BOUNDS = ("SG_MATVEC_BOUNDS=",)  # no register cap (2 matvec blocks an SM instead of 3)
-LATE = ("SG_LATE_TRIGGER=1",)  # dependents triggered after the wait
-
 TWO_BLOCKS = ("SG_MATVEC_BOUNDS=__launch_bounds__(256,2)",)  # 2 matvec blocks an SM: 1 matrix on chip, not 1.5
 
 # d=2048 x 22: what each case changes from the library's defaults. The baseline cases (with
@@ -80,22 +74,6 @@ SMALL_CASES: list[Case] = [
 BASELINE: list[str | None] = [None]  # --baseline FILE: its text
 
 
-def reduce_to_chain(nodes: list[Any]) -> None:
-    """Drop each programmatic edge d -> n that a path d -> ... -> d' -> n through n's other deps
-    already implies (an experiment: the 4-kernel form's axpy otherwise has two programmatic
-    predecessors, rms_norm and the second matvec, and the driver then launches it late)."""
-    ancestors: list[set[int]] = []
-    for rec in nodes:
-        mine: set[int] = set()
-        for d in rec.deps:
-            mine |= ancestors[d] | {d}
-        ancestors.append(mine)
-        implied = {d for d in rec.deps if d in rec.programmatic and any(d in ancestors[o] for o in rec.deps if o != d)}
-        if implied:
-            rec.deps = frozenset(rec.deps - implied)
-            rec.programmatic = frozenset(rec.programmatic - implied)
-
-
 def variant(k: Kernel[Any], macros: tuple[str, ...], source: str | None = None) -> Kernel[Any]:
     """``k`` built with more macros (added to those of its own options), or from another source."""
     if not macros and source is None:
@@ -120,7 +98,7 @@ def variant(k: Kernel[Any], macros: tuple[str, ...], source: str | None = None) 
     )
 
 
-def kernels_of(form: str, macros: tuple[str, ...], rms_block: int, d: int, source: str | None = None) -> list[Any]:
+def kernels_of(form: str, macros: tuple[str, ...], d: int, source: str | None = None) -> list[Any]:
     """The case's kernels, built as the library's *_op helpers build them at width d (the narrow
     matvec build for d <= library.NARROW_K), with the case's macros or source."""
 
@@ -130,7 +108,7 @@ def kernels_of(form: str, macros: tuple[str, ...], rms_block: int, d: int, sourc
 
     if form == "fused":
         return [variant(mv(library.rms_norm_matvec), macros, source), variant(mv(library.matvec_add), macros, source)]
-    bs = rms_block or library.rms_norm_block(d)
+    bs = library.rms_norm_block(d)
     return [
         variant(library.rms_norm.generics(bs), macros, source),
         variant(mv(library.matvec), macros, source),
@@ -140,12 +118,12 @@ def kernels_of(form: str, macros: tuple[str, ...], rms_block: int, d: int, sourc
 
 def form_ops(model: LayerStack, case: Case, source: str | None = None) -> tuple[list[Any], list[Any]]:
     """The ops of one forward pass with the case's kernels, and those kernels."""
-    form, macros, rms_block, axpy_block = case.form, case.macros, case.rms, case.axpy
+    form, macros, axpy_block = case.form, case.macros, case.axpy
     cfg, hidden = model.cfg, model.hidden
     if case.base:
         assert BASELINE[0] is not None, "a baseline case needs --baseline FILE"
         source = BASELINE[0] if source is None else traced_source(BASELINE[0])
-    ks = kernels_of(form, macros, rms_block, cfg.d, source)
+    ks = kernels_of(form, macros, cfg.d, source)
     ops: list[Any] = []
     for w, b in zip(model.weights, model.buffers, strict=True):
         n, k = w.wq.shape
@@ -167,12 +145,10 @@ def form_ops(model: LayerStack, case: Case, source: str | None = None) -> tuple[
     return ops, ks
 
 
-def graph(stream: sg.Stream, ops: list[Any], pdl: bool, chain: bool = False, order: str = "dataflow") -> CudaGraph:
-    with CudaGraph.scope(stream, pdl=pdl, order=order) as s:
+def graph(stream: sg.Stream, ops: list[Any], pdl: bool) -> CudaGraph:
+    with CudaGraph.scope(stream, pdl=pdl) as s:
         for op in ops:
             s.record(op)
-        if chain:
-            reduce_to_chain(s._nodes)
     return s.graph
 
 
@@ -189,7 +165,7 @@ def run_size(dev: sg.Device, stream: sg.Stream, d: int, cases: list[Case], read_
         ops, _ = form_ops(model, case)
         got = {}
         for pdl in (True, False):
-            g = graph(stream, ops, pdl, case.chain, case.order)
+            g = graph(stream, ops, pdl)
             graphs.append(g)
             g.update(sg.memcpy(model.hidden.mut(), start))
             for _ in range(3):
@@ -283,7 +259,7 @@ def trace(dev: sg.Device, stream: sg.Stream, case: Case, d: int = 2048, layers: 
     cfg = Config(d=d, n_layers=22)
     model = LayerStack(dev, cfg)
     ops, ks = form_ops(model, case, traced_source())
-    g = graph(stream, ops, True, case.chain, case.order)
+    g = graph(stream, ops, True)
     print(f"edges {len(g.edges)}, programmatic {len(g.programmatic_edges)}")
     for _ in range(3):
         g.launch()
@@ -337,13 +313,18 @@ def trace(dev: sg.Device, stream: sg.Stream, case: Case, d: int = 2048, layers: 
 
 
 def main() -> int:
-    if "--baseline" in sys.argv:  # a version of library.cu to compare with, in the same run
-        with open(sys.argv[sys.argv.index("--baseline") + 1]) as f:
-            BASELINE[0] = f.read()
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--trace", action="store_true", help="print a timeline of a few layers first")
+    parser.add_argument("--no-table", action="store_true", help="skip the timing table")
+    parser.add_argument("--host", action="store_true", help="a dry run on the host backend (timings meaningless)")
+    parser.add_argument("--baseline", type=Path, metavar="FILE", help="another library.cu: also its cases (base)")
+    args = parser.parse_args()
+    if args.baseline is not None:
+        BASELINE[0] = args.baseline.read_text()
     else:
         CASES[:] = [c for c in CASES if not c.base]
         SMALL_CASES[:] = [c for c in SMALL_CASES if not c.base]
-    if "--host" in sys.argv:  # a dry run of the table on the host backend (no GPU; timings meaningless)
+    if args.host:
         dev = sg.device("host")
         run_size(dev, dev.stream(), 64, CASES, 1.0)
         run_size(dev, dev.stream(), 32, SMALL_CASES, 1.0)
@@ -354,13 +335,13 @@ def main() -> int:
     big = Config(d=2048, n_layers=22)
     bw = bandwidths(dev, big.weight_bytes)
     print("bandwidths GB/s: " + ", ".join(f"{k} {v / 1e9:.0f}" for k, v in bw.items()), flush=True)
-    if "--trace" in sys.argv:
+    if args.trace:
         for case in (c for c in CASES if c.label in TRACED):
             try:
                 trace(dev, stream, case)
             except Exception as exc:  # a diagnostic: the timing table still runs
                 print(f"trace {case.label} failed: {type(exc).__name__}: {exc}")
-    if "--no-table" not in sys.argv:
+    if not args.no_table:
         run_size(dev, stream, 2048, CASES, bw["read_only"])
         run_size(dev, stream, 512, SMALL_CASES, bw["read_only"])
     print(f"tuning done in {time.perf_counter() - t0:.0f} s")

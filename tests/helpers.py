@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 import scopegraph as sg
@@ -27,3 +29,22 @@ def assert_stream_usable(stream: sg.Stream) -> None:
 
 def pinned(t: sg.Tensor) -> bool:
     return bool(t.allocation.pins)
+
+
+def device_memory(device: sg.Device) -> dict[str, int]:
+    """On CUDA: bytes in use and reserved in the device's memory pool (where scopegraph allocates),
+    and the device's free memory. Empty on the host backend."""
+    if not device.is_cuda:
+        return {}
+    from cuda.bindings import driver
+    from cuda.core import Device as CoreDevice
+
+    core: Any = CoreDevice(device.index)  # memory_resource is not in the stubs
+    attrs = core.memory_resource.attributes
+    err, free, _total = driver.cuMemGetInfo()
+    assert int(err) == 0, f"cuMemGetInfo failed: {err}"
+    return {
+        "pool_used": int(attrs.used_mem_current),
+        "pool_reserved": int(attrs.reserved_mem_current),
+        "free": int(free),
+    }

@@ -96,13 +96,47 @@ def test_bad_launch_is_a_cuda_error_and_the_stream_survives(cuda: sg.Device) -> 
     with pytest.raises(sg.CudaError) as info:
         stream.run(bounded[1, 128](x.mut()))
     assert type(info.value) is sg.LaunchResourceError and isinstance(info.value, sg.SignatureError)
-    assert info.value.result.startswith("CUDA_ERROR_") and "bounded" in info.value.operation
+    assert info.value.result == "CUDA_ERROR_INVALID_VALUE" and "bounded" in info.value.operation
     assert not info.value.context_lost and "at most 64" in str(info.value)
     with pytest.raises(sg.LaunchResourceError), CudaGraph.scope(stream) as s:
         s.record(bounded[1, 128](x.mut()))
     stream.run(library.fill_op(x.mut(), 1.0))
     stream.sync()
     np.testing.assert_array_equal(x.numpy(), 1.0)
+
+
+REGISTER_HEAVY = r"""
+extern "C" __global__ void register_heavy(float* out, const float* x) {
+    float v[96];  // updated in place, so all 96 stay live: about 100 registers a thread
+#pragma unroll
+    for (int i = 0; i < 96; ++i) v[i] = x[threadIdx.x + 1024 * i];
+#pragma unroll
+    for (int round = 0; round < 4; ++round)
+#pragma unroll
+        for (int i = 0; i < 96; ++i) v[i] = v[i] * v[(i + 1) % 96] + v[(i + 37) % 96];
+    float s = 0.f;
+#pragma unroll
+    for (int i = 0; i < 96; ++i) s += v[i];
+    out[threadIdx.x] = s;
+}
+"""
+
+
+@sg.kernel(REGISTER_HEAVY, touches={"out": "block_x", "x": "96 * 1024"})
+def register_heavy(out: Mut[Tensor], x: Tensor) -> None: ...
+
+
+def test_a_block_past_what_the_registers_allow_is_refused_before_the_driver(cuda: sg.Device) -> None:
+    """No __launch_bounds__, but too many registers a thread for 1024 threads: refused when run,
+    with the result the driver gives for it (out of resources) and the register count named."""
+    out, x = cuda.zeros((1024,), name="out"), cuda.zeros((96 * 1024,), name="x")
+    stream = cuda.stream()
+    with pytest.raises(sg.LaunchResourceError) as info:
+        stream.run(register_heavy[1, 1024](out.mut(), x))
+    assert info.value.result == "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES"
+    assert "registers a thread set that limit" in str(info.value) and "help: launch it with at most" in str(info.value)
+    stream.run(register_heavy[1, 128](out[:128].mut(), x))  # a block it takes runs
+    stream.sync()
 
 
 def test_mixing_devices_is_a_signature_error(cuda: sg.Device) -> None:

@@ -3,6 +3,7 @@ with nothing left pinned or recording, and the stream still usable afterwards.""
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Callable
 
 import numpy as np
@@ -349,3 +350,20 @@ def test_every_error_is_a_scopegraph_error() -> None:
     ):
         assert issubclass(cls, sg.ScopeGraphError)
     assert issubclass(sg.NotAGraphNodeError, TypeError)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        sg.CudaError("launching `k`", "CUDA_ERROR_ILLEGAL_ADDRESS", "the last work: `k`"),
+        sg.CudaError("building the graph definition", "CUDA_ERROR_INVALID_VALUE"),
+        sg.LaunchResourceError("launching `k`", "CUDA_ERROR_INVALID_VALUE", "`k` ...\nhelp: launch it with fewer"),
+    ],
+    ids=["sticky", "plain", "launch_resource"],
+)
+def test_driver_errors_survive_pickling(error: sg.CudaError) -> None:
+    """Errors cross process boundaries (multiprocessing, pytest-xdist): a CudaError's args hold
+    only its message, so unpickling must not call __init__ with it."""
+    again = pickle.loads(pickle.dumps(error))
+    assert type(again) is type(error) and str(again) == str(error)
+    assert (again.operation, again.result, again.context_lost) == (error.operation, error.result, error.context_lost)

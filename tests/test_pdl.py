@@ -123,18 +123,23 @@ def rand(rng: np.random.Generator, *shape: int) -> NDArray:
 
 
 def test_edges_between_pdl_kernels_are_programmatic_and_no_others(sg_device: sg.Device, sg_stream: sg.Stream) -> None:
-    x, y, z = (sg_device.zeros((64,), name=n) for n in "xyz")
+    x, y, z, u, v, w = (sg_device.zeros((64,), name=n) for n in "xyzuvw")
     with CudaGraph.scope(sg_stream) as s:
         a = s.record(library.fill_op(x.mut(), 1.0))  # 0
         b = s.record(library.add_op(y.mut(), x, x))  # 1: pdl after pdl
         c = s.record(sg.memcpy(z.mut(), y))  # 2: a memcpy: full edges in and out
         d = s.record(library.axpy_op(x.mut(), z, 2.0))  # 3: after the memcpy (full) and after add, which read x (pdl)
         e = s.record(plain[1, 64](y.mut(), 64))  # 4: not a PDL kernel: full
+        f = s.record(library.add_op(u.mut(), y, y))  # 5: a PDL kernel whose one predecessor is not: full
+        g_ = s.record(sg.memcpy(v.mut(), u))  # 6
+        h = s.record(library.add_op(w.mut(), v, v))  # 7: a PDL kernel whose one predecessor is a memcpy: full
     assert a.programmatic == frozenset() and b.programmatic == {0} and c.programmatic == frozenset()
     assert d.deps == {1, 2} and d.programmatic == {1}
     assert e.deps == {2} and e.programmatic == frozenset()
+    assert f.deps == {4} and g_.deps == {5} and h.deps == {6}
+    assert f.programmatic == h.programmatic == frozenset()
     with s.graph as g:
-        assert g.edges == [(0, 1), (1, 2), (1, 3), (2, 3), (2, 4)]
+        assert g.edges == [(0, 1), (1, 2), (1, 3), (2, 3), (2, 4), (4, 5), (5, 6), (6, 7)]
         pdl = bool(getattr(g.executable, "pdl", False))  # sm_90+ GPU
         assert g.programmatic_edges == ([(0, 1), (1, 3)] if pdl else [])
         dashed = [line for line in g.to_dot().splitlines() if "dashed" in line]
@@ -142,6 +147,7 @@ def test_edges_between_pdl_kernels_are_programmatic_and_no_others(sg_device: sg.
         g.launch()
         g.sync()
     np.testing.assert_array_equal(x.numpy(), 5.0)  # 1 + 2 * (1 + 1)
+    np.testing.assert_array_equal(w.numpy(), 4 * y.numpy())
 
 
 def test_a_pdl_kernel_reading_early_what_its_predecessor_writes_gets_a_full_edge(

@@ -24,7 +24,6 @@ import gc
 import os
 import time
 import weakref
-from typing import Any
 
 import numpy as np
 import pytest
@@ -32,7 +31,7 @@ import pytest
 import scopegraph as sg
 from scopegraph import CudaGraph, library
 
-from .helpers import assert_stream_usable, pinned
+from .helpers import assert_stream_usable, device_memory, pinned
 
 CYCLES = {"host": 2000, "cuda": 3000}
 WIDTH = 64
@@ -50,25 +49,6 @@ def _cycles(device: sg.Device) -> int:
 
 def _live(cls: type) -> int:
     return sum(1 for o in gc.get_objects() if type(o) is cls)
-
-
-def device_memory(device: sg.Device) -> dict[str, int]:
-    """On CUDA: bytes in use and reserved in the device's memory pool (where scopegraph allocates),
-    and the device's free memory. Empty on the host backend."""
-    if not device.is_cuda:
-        return {}
-    from cuda.bindings import driver
-    from cuda.core import Device as CoreDevice
-
-    core: Any = CoreDevice(device.index)  # memory_resource is not in the stubs
-    attrs = core.memory_resource.attributes
-    err, free, _total = driver.cuMemGetInfo()
-    assert int(err) == 0, f"cuMemGetInfo failed: {err}"
-    return {
-        "pool_used": int(attrs.used_mem_current),
-        "pool_reserved": int(attrs.reserved_mem_current),
-        "free": int(free),
-    }
 
 
 def settle(device: sg.Device) -> None:

@@ -33,12 +33,13 @@ import re
 import tempfile
 import threading
 from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 from cuda.bindings import driver
 from cuda.core import Buffer, Event, LaunchConfig, launch
 from cuda.core import Device as CoreDevice
+from cuda.core import Kernel as CoreKernel
 from cuda.core import Stream as CoreStream
 from cuda.core.graph import GraphDefinition
 from cuda.core.utils import StridedMemoryView
@@ -240,28 +241,45 @@ class _CudaExecutable:
                 return f.read()
 
 
-def _does_not_fit(op: KernelLaunch, max_threads: int, max_shared: int, arch: str) -> LaunchResourceError:
-    """Why a launch is more than its kernel, as compiled, allows (fewer threads than 1024 when
-    ``__launch_bounds__`` or its registers say so; static shared memory shares the 48 KiB): the
-    driver would otherwise refuse it at launch, or when a graph of it is built."""
+class _Loaded(NamedTuple):
+    """A kernel loaded on one device, with the launch limits it was compiled to: the driver
+    refuses a launch past them, at launch or when a graph of it is built (see _does_not_fit)."""
+
+    fn: CoreKernel
+    max_threads: int  # a block's threads: its __launch_bounds__, or what its registers allow
+    max_shared: int  # dynamic shared memory: what its static shared memory leaves of the 48 KiB
+    static_shared: int
+    registers: int  # a thread's
+
+
+def _does_not_fit(op: KernelLaunch, loaded: _Loaded, arch: str, registers_per_block: int) -> LaunchResourceError:
+    """Why a launch is more than its kernel, as compiled, takes; raised before the driver is asked."""
     threads = op.block[0] * op.block[1] * op.block[2]
-    if threads > max_threads:
+    name = op.name
+    if threads > loaded.max_threads:
+        by_registers = loaded.registers * threads > registers_per_block
         return LaunchResourceError(
-            f"launching `{op.name}`",
+            f"launching `{name}`",
+            "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES" if by_registers else "CUDA_ERROR_INVALID_VALUE",
             diagnostic(
-                f"`{op.name}` is launched with {threads} threads a block, but as compiled for {arch} it "
-                f"takes at most {max_threads}",
-                ["its __launch_bounds__, or the registers each thread needs, set that limit"],
-                help=f"launch it with at most {max_threads} threads a block, and more blocks",
+                f"`{name}` is launched with {threads} threads a block, but as compiled for {arch} it "
+                f"takes at most {loaded.max_threads}",
+                [
+                    f"its {loaded.registers} registers a thread set that limit"
+                    if by_registers
+                    else "its __launch_bounds__ set that limit"
+                ],
+                help=f"launch it with at most {loaded.max_threads} threads a block, and more blocks",
             ),
         )
     return LaunchResourceError(
-        f"launching `{op.name}`",
+        f"launching `{name}`",
+        "CUDA_ERROR_INVALID_VALUE",
         diagnostic(
-            f"`{op.name}` asks for {op.shmem} bytes of dynamic shared memory, but as compiled for {arch} "
-            f"it can have at most {max_shared}",
-            [f"its static shared memory and the dynamic share at most {MAX_DYNAMIC_SHARED_BYTES} bytes"],
-            help=f"launch it with at most {max_shared} bytes of shared memory",
+            f"`{name}` asks for {op.shmem} bytes of dynamic shared memory, but as compiled for {arch} "
+            f"it can have at most {loaded.max_shared}",
+            [f"it has {loaded.static_shared} bytes of static shared memory; static and dynamic share 48 KiB"],
+            help=f"launch it with at most {loaded.max_shared} bytes of dynamic shared memory",
         ),
     )
 
@@ -273,9 +291,6 @@ class CudaBackend:
         self.last_work: tuple[object, Stream] | None = None
         self._current = threading.local()
         self._configs: dict[tuple[Any, ...], LaunchConfig] = {}
-        # Per compiled kernel: the most threads a block may have and the most dynamic shared
-        # memory a launch may ask for, as compiled for this device (see _does_not_fit).
-        self._limits: dict[Kernel[Any], tuple[int, int]] = {}
         with self.driver_call(f"initialising cuda:{index}"):
             self.core = CoreDevice(index)
             self.make_current()
@@ -411,34 +426,39 @@ class CudaBackend:
         if type(op) is KernelLaunch and op.native is None:
             op.native = self._bind(op)
 
-    def _bind(self, op: KernelLaunch) -> tuple[Any, Any, tuple[Any, ...]]:
-        """The cuda.core form of a launch: (Kernel, LaunchConfig, args with pointers as ints)."""
-        kernel = op.kernel
-        fn = kernel.compiled.get(self)
-        if fn is None:
+    def _load(self, kernel: Kernel[Any]) -> _Loaded:
+        """The kernel compiled and loaded for this device (once), with its launch limits."""
+        loaded: _Loaded | None = kernel.compiled.get(self)
+        if loaded is None:
             code = compile_kernel(kernel, self.arch)
             self.make_current()
             with self.driver_call(f"loading kernel `{kernel.name_expression}`"):
-                fn = kernel.compiled[self] = code.get_kernel(kernel.name_expression)
-        limits = self._limits.get(kernel)
-        if limits is None:
-            with self.driver_call(f"reading the attributes of kernel `{kernel.name_expression}`"):
-                attributes = fn.attributes  # type: ignore[attr-defined]
+                fn = code.get_kernel(kernel.name_expression)
+                attributes = fn.attributes[self.core.device_id]  # this device's, whichever is current
                 static = attributes.shared_size_bytes
-                limits = self._limits[kernel] = (
+                loaded = kernel.compiled[self] = _Loaded(
+                    fn,
                     attributes.max_threads_per_block,
                     min(attributes.max_dynamic_shared_size_bytes, MAX_DYNAMIC_SHARED_BYTES - static),
+                    static,
+                    attributes.num_regs,
                 )
+        return loaded
+
+    def _bind(self, op: KernelLaunch) -> tuple[Any, Any, tuple[Any, ...]]:
+        """The cuda.core form of a launch: (Kernel, LaunchConfig, args with pointers as ints)."""
+        loaded = op.kernel.compiled.get(self) or self._load(op.kernel)
         block = op.block
-        if block[0] * block[1] * block[2] > limits[0] or op.shmem > limits[1]:
-            raise _does_not_fit(op, *limits, self.arch)
+        if block[0] * block[1] * block[2] > loaded.max_threads or op.shmem > loaded.max_shared:
+            raise _does_not_fit(op, loaded, self.arch, self.core.properties.max_registers_per_block)
+        fn = loaded.fn
         # One LaunchConfig per launch shape, made once (building ops is a hot path: issue 11).
         shape = (op.grid, op.block, op.shmem)
         config = self._configs.get(shape)
         if config is None:
             if len(self._configs) > 4096:
                 self._configs.clear()
-            with self.driver_call(f"configuring `{kernel.name_expression}`[{op.grid}, {op.block}]"):
+            with self.driver_call(f"configuring `{op.name}`[{op.grid}, {op.block}]"):
                 config = self._configs[shape] = LaunchConfig(grid=op.grid, block=op.block, shmem_size=op.shmem)
         # sg.Params bound to their defaults (a graph's node update binds its own values).
         values = op.resolved(None) if op.params else op.args
@@ -605,13 +625,8 @@ class CudaBackend:
                 graph.empty()  # a branch with nothing in it still needs a graph the driver accepts
         return node  # type: ignore[no-any-return]
 
-    def _condition_kernel(self) -> Any:
-        fn = sg_condition.compiled.get(self)
-        if fn is None:
-            code = compile_kernel(sg_condition, self.arch)
-            with self.driver_call("loading the loop condition kernel"):
-                fn = sg_condition.compiled[self] = code.get_kernel(sg_condition.name_expression)
-        return fn
+    def _condition_kernel(self) -> CoreKernel:
+        return self._load(sg_condition).fn
 
     # -- interop --------------------------------------------------------------------------
 
