@@ -56,19 +56,25 @@ TWO_BLOCKS = ("SG_MATVEC_BOUNDS=__launch_bounds__(256,2)",)  # 2 matvec blocks a
 # d=2048 x 22: what each case changes from the library's defaults. The baseline cases (with
 # --baseline) launch axpy with 256 threads, as the library did before AXPY_BLOCK.
 CASES: list[Case] = [
+    Case("fused, baseline", "fused", base=True),
     Case("fused", "fused"),
     Case("fused, matvec_add 2 rows a warp", "fused", second_rows=2),
+    Case("4k, baseline", "kernels", axpy=256, base=True),
     Case("4k", "kernels"),
+    Case("4k, axpy 256 threads", "kernels", axpy=256),  # why library.AXPY_BLOCK is 512
+    Case("4k, no register cap", "kernels", NO_BOUNDS),  # why the matvec family caps its registers
+    Case("4k, 2 matvec blocks an SM", "kernels", TWO_BLOCKS),
     Case("4k, second matvec 2 rows a warp", "kernels", second_rows=2),
-    Case("4k, second matvec 2 rows, 2 blocks an SM", "kernels", TWO_BLOCKS, second_rows=2),
     Case("4k, second matvec 4 rows a warp", "kernels", second_rows=4),
 ]
 TRACED = ("4k", "4k, second matvec 2 rows a warp")
 # d=512 x 22 (launch-bound: the weights nearly fit in L2).
 SMALL_CASES: list[Case] = [
+    Case("fused, baseline", "fused", base=True),
     Case("fused", "fused"),
-    Case("fused, matvec_add 2 rows a warp", "fused", second_rows=2),
+    Case("4k, baseline", "kernels", axpy=256, base=True),
     Case("4k", "kernels"),
+    Case("4k, axpy 256 threads", "kernels", axpy=256),
     Case("4k, second matvec 2 rows a warp", "kernels", second_rows=2),
 ]
 BASELINE: list[str | None] = [None]  # --baseline FILE: its text
