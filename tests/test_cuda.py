@@ -147,6 +147,26 @@ def test_mixing_devices_is_a_signature_error(cuda: sg.Device) -> None:
         cuda.stream().run(sg.memset(host.zeros((4,)).mut(), 1.0))
 
 
+def test_a_launch_without_tensors_runs_on_each_gpu_it_is_given() -> None:
+    """Such a launch belongs to no device: one op, run and recorded on two GPUs, must use each
+    GPU's own loaded kernel (a form bound on the first is an invalid handle on the second)."""
+    from scopegraph._driver import cuda_device_count
+
+    if cuda_device_count() < 2:
+        pytest.skip("needs two GPUs")
+    op = library.noop[1, 32]()
+    assert op.device is None
+    for index in (0, 1, 0):
+        stream = sg.device(f"cuda:{index}").stream()
+        stream.run(op)
+        with CudaGraph.scope(stream) as s:
+            s.record(op)
+        with s.graph as graph:
+            graph.launch()
+            graph.sync()
+        stream.sync()
+
+
 def test_torch_interop_without_copies(cuda: sg.Device) -> None:
     torch = pytest.importorskip("torch")
     t = torch.arange(16, dtype=torch.float32, device="cuda")

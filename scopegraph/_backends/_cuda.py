@@ -13,7 +13,8 @@ Who owns what:
   its users have completed.
 - Each kernel launch op caches its bound form (cuda.core ``Kernel``, ``LaunchConfig`` and the
   argument tuple) in ``op.native``, made once, so eager launches and graph building do no
-  argument work twice.
+  argument work twice; a launch without tensor arguments belongs to no device and is bound by
+  each use (:meth:`CudaBackend.bound`).
 - A graph is a cuda.core ``GraphDefinition`` built node by node with the tracker's
   predecessors, instantiated and uploaded once; ``_CudaExecutable`` owns the resulting
   ``Graph`` and closes it (an in-flight replay completes first: the driver defers the free).
@@ -146,10 +147,7 @@ class _CudaExecutable:
                 backend.make_current()
                 view = self._views[index] = self.graph[self.nodes[index]]
             if type(op) is KernelLaunch:
-                native = op.native
-                if native is None:
-                    native = op.native = backend._bind(op)
-                fn, config, args = native
+                fn, config, args = op.native or backend.bound(op)
                 if op.params:
                     resolved = list(args)
                     for i, p in op.params:
@@ -424,7 +422,16 @@ class CudaBackend:
 
     def prepare(self, op: GraphNode) -> None:
         if type(op) is KernelLaunch and op.native is None:
-            op.native = self._bind(op)
+            self.bound(op)
+
+    def bound(self, op: KernelLaunch) -> tuple[Any, Any, tuple[Any, ...]]:
+        """The launch's cuda.core form on this device, kept in ``op.native`` when the op has a
+        device. A launch without tensor arguments has none (``op.device`` is None): it may run on
+        any GPU, and the form of one GPU's loaded kernel would be an invalid handle on another."""
+        native = self._bind(op)
+        if op.device is not None:
+            op.native = native
+        return native
 
     def _load(self, kernel: Kernel[Any]) -> _Loaded:
         """The kernel compiled and loaded for this device (once), with its launch limits."""
@@ -478,10 +485,7 @@ class CudaBackend:
             return
         try:
             if type(op) is KernelLaunch:
-                native = op.native
-                if native is None:
-                    native = op.native = self._bind(op)
-                fn, config, args = native
+                fn, config, args = op.native or self.bound(op)
                 launch(native_stream, config, fn, *args)  # type: ignore[arg-type]
             # Copies and fills through the driver with raw addresses: cuda.core 1.2 copies and fills
             # only between Buffer objects, and two Buffer wrappers per eager call cost more than the
@@ -564,9 +568,7 @@ class CudaBackend:
 
     def _add_node(self, parent: Any, op: GraphNode) -> CoreNode:
         if type(op) is KernelLaunch:
-            if op.native is None:
-                op.native = self._bind(op)
-            fn, config, args = op.native
+            fn, config, args = op.native or self.bound(op)
             return parent.launch(config, fn, *args)  # type: ignore[no-any-return]
         if isinstance(op, Captured):  # foreign work or a collective: a child-graph node (scopegraph._capture)
             return parent.embed(op.child(self))  # type: ignore[no-any-return]
