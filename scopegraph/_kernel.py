@@ -114,6 +114,9 @@ MAX_BLOCK = (1024, 1024, 64)
 MAX_THREADS_PER_BLOCK = 1024
 MAX_GRID = (2**31 - 1, 65535, 65535)
 MAX_DYNAMIC_SHARED_BYTES = 48 * 1024
+# What a kernel that opts in (``@sg.kernel(..., max_shared_bytes=N)``) may ask for: the most any
+# GPU gives one block (sm_90 and sm_100: 227 KiB). Its own GPU's limit is checked when it is bound.
+MAX_OPT_IN_SHARED_BYTES = 227 * 1024
 _AXES = "xyz"
 
 
@@ -149,17 +152,34 @@ def _dim3(value: object, what: str, kernel_name: str) -> tuple[int, int, int]:
     return padded  # type: ignore[return-value]
 
 
-def _shared_bytes(value: object, kernel_name: str) -> int:
-    if (
-        isinstance(value, (bool, np.bool_))
-        or not isinstance(value, (int, np.integer))
-        or not 0 <= value <= MAX_DYNAMIC_SHARED_BYTES
-    ):
+def _shared_bytes(value: object, kernel: Kernel[Any]) -> int:
+    limit = kernel.max_shared_bytes
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or not 0 <= value <= limit:
+        name = kernel.cpp_name
         raise SignatureError(
-            f"`{kernel_name}` dynamic shared memory {value!r} is not 0..{MAX_DYNAMIC_SHARED_BYTES} bytes\n"
-            f"help: launch as {kernel_name}[grid, block, shared_bytes] with at most 48 KiB"
+            f"`{name}` dynamic shared memory {value!r} is not 0..{limit} bytes\n"
+            + (
+                f"help: launch as {name}[grid, block, shared_bytes] with at most 48 KiB, or opt in to "
+                f"more with @sg.kernel(..., max_shared_bytes=N) (up to {MAX_OPT_IN_SHARED_BYTES} bytes, "
+                "as the GPU allows)"
+                if limit == MAX_DYNAMIC_SHARED_BYTES
+                else f"help: ask for at most the {limit} bytes its declaration opts in to (max_shared_bytes)"
+            )
         )
     return int(value)
+
+
+def _max_shared_bytes(value: object, kernel_name: str) -> int:
+    """A declaration's ``max_shared_bytes``: the dynamic shared memory its launches may ask for."""
+    if value is None:
+        return MAX_DYNAMIC_SHARED_BYTES
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_OPT_IN_SHARED_BYTES:
+        raise SignatureError(
+            f"`{kernel_name}` declares max_shared_bytes={value!r}, not 1..{MAX_OPT_IN_SHARED_BYTES} bytes\n"
+            f"help: declare what its largest launch asks for; no GPU gives a block more than "
+            f"{MAX_OPT_IN_SHARED_BYTES} bytes"
+        )
+    return max(value, MAX_DYNAMIC_SHARED_BYTES)
 
 
 # Names a `touches` expression may use besides the kernel's scalar parameters.
@@ -268,6 +288,7 @@ class Kernel(Generic[P]):
         touches: Mapping[str, str] | Touches | None = None,
         pdl: bool = False,
         reads_before_wait: Sequence[str] | frozenset[str] = (),
+        max_shared_bytes: int | None = None,
     ) -> None:
         self.__wrapped__ = fn
         self.__name__ = fn.__name__
@@ -294,6 +315,9 @@ class Kernel(Generic[P]):
             self.params,
             cpp_name,
         )
+        # The dynamic shared memory a launch may ask for: 48 KiB, or more if the declaration opts in
+        # (the CUDA backend then raises the loaded kernel's limit, as far as its GPU allows).
+        self.max_shared_bytes = _max_shared_bytes(max_shared_bytes, cpp_name)
         # The C++ expression NVRTC resolves: ``name`` or ``name<args>`` for a template.
         self.name_expression = cpp_name if not template_args else f"{cpp_name}<{', '.join(template_args)}>"
         # Launchers by launch shape (checked once per distinct shape; see __getitem__).
@@ -322,20 +346,31 @@ class Kernel(Generic[P]):
         key = tuple(_template_arg(a) for a in args)
         inst = self._instances.get(key)
         if inst is None:
-            inst = Kernel(
-                self.__wrapped__,
-                self.source,
-                self.cpp_name,
-                self.options,
-                key,
-                self.host_fn,
-                self.params,
-                self.touches,
-                self.pdl,
-                self.reads_before_wait,
-            )
-            self._instances[key] = inst
+            inst = self._instances[key] = self.rebuilt(template_args=key)
         return inst
+
+    def rebuilt(
+        self,
+        *,
+        source: str | None = None,
+        options: tuple[tuple[str, object], ...] | None = None,
+        template_args: tuple[str, ...] | None = None,
+    ) -> Kernel[P]:
+        """The same declaration compiled from another source, with other options or template
+        arguments (a separate kernel: compiled, cached and loaded on its own)."""
+        return Kernel(
+            self.__wrapped__,
+            self.source if source is None else source,
+            self.cpp_name,
+            self.options if options is None else options,
+            self.template_args if template_args is None else template_args,
+            self.host_fn,
+            self.params,
+            self.touches,
+            self.pdl,
+            self.reads_before_wait,
+            self.max_shared_bytes,
+        )
 
     def __getitem__(self, launch: tuple[Dim, Dim] | tuple[Dim, Dim, int]) -> Callable[P, KernelLaunch]:
         # A launch shape made only of plain ints (or tuples of them) is checked once and its
@@ -355,7 +390,7 @@ class Kernel(Generic[P]):
             )
         grid = _dim3(launch[0], "grid", self.cpp_name)
         block = _dim3(launch[1], "block", self.cpp_name)
-        launcher = Launcher(self, grid, block, _shared_bytes(launch[2], self.cpp_name) if len(launch) == 3 else 0)
+        launcher = Launcher(self, grid, block, _shared_bytes(launch[2], self) if len(launch) == 3 else 0)
         if plain:
             if len(self._launchers) >= _LAUNCHER_CACHE:
                 self._launchers.clear()
@@ -417,6 +452,7 @@ def kernel(
     touches: Mapping[str, str] | None = None,
     pdl: bool = False,
     reads_before_wait: Sequence[str] = (),
+    max_shared_bytes: int | None = None,
 ) -> Callable[[Callable[P, None]], Kernel[P]]:
     """Declare a CUDA C++ kernel. The C++ name defaults to the Python function's name.
 
@@ -438,6 +474,12 @@ def kernel(
     ``cudaGridDependencySynchronize()``) somewhere in the kernel or the device functions it calls;
     one that never waits is a PdlWaitError when it is first launched or recorded. The check sees
     whether the wait is there, not whether it comes early enough or on every path.
+
+    ``max_shared_bytes`` opts in to more than 48 KiB of dynamic shared memory a launch (CUDA's
+    ``cudaFuncAttributeMaxDynamicSharedMemorySize``): launches may then ask for up to that many
+    bytes, checked when each launch is built. The GPU's own limit (227 KiB a block on sm_90, less
+    on older GPUs, minus the kernel's static shared memory) is checked when a launch is run or
+    recorded: past it is a LaunchResourceError.
     """
 
     def wrap(fn: Callable[P, None]) -> Kernel[P]:
@@ -449,6 +491,7 @@ def kernel(
             touches=touches,
             pdl=pdl,
             reads_before_wait=reads_before_wait,
+            max_shared_bytes=max_shared_bytes,
         )
 
     return wrap

@@ -235,10 +235,7 @@ def narrow(k: Kernel[P]) -> Kernel[P]:
     built = _narrow.get(k)
     if built is None:
         options = (*k.options, ("define_macro", ("CHUNK", str(NARROW_CHUNK))))
-        built = _narrow[k] = Kernel(
-            k.__wrapped__, k.source, k.cpp_name, options, k.template_args, k.host_fn, k.params, k.touches, k.pdl,
-            k.reads_before_wait,
-        )  # fmt: skip
+        built = _narrow[k] = k.rebuilt(options=options)
     return built
 
 

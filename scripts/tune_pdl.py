@@ -90,18 +90,7 @@ def variant(k: Kernel[Any], macros: tuple[str, ...], source: str | None = None) 
     pairs += [tuple(m.split("=", 1)) for m in macros]
     if pairs:  # cuda.core: (name, value), or a list of them; a later one of a name wins
         options["define_macro"] = pairs[0] if len(pairs) == 1 else pairs
-    return Kernel(
-        k.__wrapped__,
-        source if source is not None else k.source,
-        k.cpp_name,
-        tuple(sorted(options.items())),
-        k.template_args,
-        k.host_fn,
-        k.params,
-        k.touches,
-        k.pdl,
-        k.reads_before_wait,
-    )
+    return k.rebuilt(source=source, options=tuple(sorted(options.items())))
 
 
 def kernels_of(form: str, macros: tuple[str, ...], d: int, source: str | None = None) -> list[Any]:

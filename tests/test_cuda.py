@@ -139,6 +139,39 @@ def test_a_block_past_what_the_registers_allow_is_refused_before_the_driver(cuda
     stream.sync()
 
 
+REVERSE_THROUGH_SHARED = r"""
+extern "C" __global__ void reverse_through_shared(float* out, const float* x, int n) {
+    extern __shared__ float stage[];
+    for (int i = threadIdx.x; i < n; i += blockDim.x) stage[i] = x[i];
+    __syncthreads();
+    for (int i = threadIdx.x; i < n; i += blockDim.x) out[i] = stage[n - 1 - i];
+}
+"""
+WIDE = 100 * 1024  # bytes of dynamic shared memory: past the 48 KiB a kernel gets without opting in
+
+
+@sg.kernel(REVERSE_THROUGH_SHARED, touches={"out": "n", "x": "n"}, max_shared_bytes=WIDE)
+def reverse_through_shared(out: Mut[Tensor], x: Tensor, n: sg.i32) -> None: ...
+
+
+def test_a_kernel_that_opts_in_gets_more_than_48_kib_of_shared_memory(cuda: sg.Device) -> None:
+    """max_shared_bytes: a launch with 100 KiB of dynamic shared memory runs eagerly and in a
+    graph (the backend raised the kernel's limit; the driver refuses the launch otherwise)."""
+    n = WIDE // 4
+    x = cuda.from_numpy(np.arange(n, dtype=np.float32))
+    eager, replayed = cuda.zeros((n,), name="eager"), cuda.zeros((n,), name="replayed")
+    stream = cuda.stream()
+    stream.run(reverse_through_shared[1, 1024, WIDE](eager.mut(), x, n))
+    with CudaGraph.scope(stream) as s:
+        s.record(reverse_through_shared[1, 1024, WIDE](replayed.mut(), x, n))
+    with s.graph as graph:
+        graph.launch()
+        graph.sync()
+    want = np.arange(n, dtype=np.float32)[::-1]
+    np.testing.assert_array_equal(eager.numpy(), want)
+    np.testing.assert_array_equal(replayed.numpy(), want)
+
+
 def test_mixing_devices_is_a_signature_error(cuda: sg.Device) -> None:
     host = sg.device("host")
     with pytest.raises(sg.SignatureError, match="mixes devices"):

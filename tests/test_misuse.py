@@ -142,6 +142,11 @@ def misuse_static_shared(out: Mut[Tensor]) -> None:
     """out = reversed dynamic shared memory (its content does not matter here); 1 KiB static."""
 
 
+@sg.kernel(STATIC_SHARED_SRC, name="misuse_static_shared", max_shared_bytes=227 * 1024)
+def misuse_static_shared_opted_in(out: Mut[Tensor]) -> None:
+    """misuse_static_shared, declared to opt in to the most shared memory any GPU gives a block."""
+
+
 def touches_kernel(touches: dict[str, str]) -> Any:
     """misuse_copy_n declared with ``touches``; the host reference is attached."""
     k = kernel_with_touches(COPY_SRC, touches=touches)(misuse_copy_n)
@@ -994,6 +999,27 @@ def dynamic_shared_memory_past_what_static_leaves(c: Ctx) -> None:
     out = c.zeros(256, "out")
     with c.scope() as s:
         s.record(misuse_static_shared[1, 256, 48 * 1024](out.mut()))
+
+
+@cuda_case("LaunchResourceError", r"misuse_static_shared", r"232448", r"opts in")
+def opted_in_shared_memory_past_what_the_gpu_gives(c: Ctx) -> None:
+    """227 KiB of dynamic shared memory for a kernel that opts in to it (max_shared_bytes) but has
+    1 KiB of static shared memory: within the declaration, past what the GPU gives one block."""
+    out = c.zeros(256, "out")
+    c.stream.run(misuse_static_shared_opted_in[1, 256, 227 * 1024](out.mut()))
+
+
+@case("SignatureError", r"max_shared_bytes", r"232448")
+def shared_memory_past_what_the_declaration_opts_in_to(c: Ctx) -> None:
+    """232449 bytes of dynamic shared memory for a kernel that opts in to 227 KiB."""
+    out = c.zeros(256, "out")
+    misuse_static_shared_opted_in[1, 256, 227 * 1024 + 1](out.mut())
+
+
+@case("SignatureError", r"max_shared_bytes", r"no GPU")
+def declaring_more_shared_memory_than_any_gpu_has(c: Ctx) -> None:
+    """A kernel declared with max_shared_bytes of 256 KiB (no GPU gives a block that much)."""
+    sg.kernel(STATIC_SHARED_SRC, max_shared_bytes=256 * 1024)(misuse_static_shared.__wrapped__)
 
 
 @cuda_case("LaunchResourceError", r"matvec", r"512 threads", r"at most 256", r"__launch_bounds__")

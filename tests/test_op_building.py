@@ -31,6 +31,28 @@ def test_launch_shapes_are_cached_but_still_checked(sg_device: sg.Device) -> Non
     assert np_grid.grid == (2, 1, 1) and type(np_grid.grid[0]) is int
 
 
+def test_opting_in_to_more_shared_memory_is_kept_by_every_build_of_a_kernel() -> None:
+    """max_shared_bytes raises what a launch may ask for (48 KiB otherwise), for the kernel, its
+    template instantiations and its rebuilds alike."""
+    src = 'template <int B> __global__ void staged(float* out) { extern __shared__ float s[]; out[0] = s[B]; }'
+
+    def staged(out: sg.Mut[sg.Tensor]) -> None: ...
+
+    wide = sg.kernel(src, max_shared_bytes=96 * 1024)(staged)
+    plain = sg.kernel(src)(staged)
+    for k in (wide, wide.generics(4), wide.rebuilt(options=(("use_fast_math", True),))):
+        assert k.max_shared_bytes == 96 * 1024
+        assert k[1, 32, 96 * 1024].shmem == 96 * 1024
+        with pytest.raises(SignatureError, match="max_shared_bytes"):
+            k[1, 32, 96 * 1024 + 4]
+    assert plain.max_shared_bytes == 48 * 1024
+    with pytest.raises(SignatureError, match=r"opt in to more with @sg.kernel\(\.\.\., max_shared_bytes=N\)"):
+        plain.generics(4)[1, 32, 48 * 1024 + 4]
+    for bad in (0, -1, True, 1.5, 227 * 1024 + 1):
+        with pytest.raises(SignatureError, match="max_shared_bytes"):
+            sg.kernel(src, max_shared_bytes=bad)(staged)  # type: ignore[arg-type]
+
+
 def test_generated_binder_keeps_every_argument_check(sg_device: sg.Device) -> None:
     out, x = sg_device.zeros((256,), name="out"), sg_device.zeros((256,), name="x")
     library.axpy_op(out.mut(), x, 2.0)  # warm: binder made, scalars cached

@@ -245,9 +245,12 @@ class _Loaded(NamedTuple):
 
     fn: CoreKernel
     max_threads: int  # a block's threads: its __launch_bounds__, or what its registers allow
-    max_shared: int  # dynamic shared memory: what its static shared memory leaves of the 48 KiB
+    max_shared: int  # dynamic shared memory: what its static shared memory leaves of shared_limit
     static_shared: int
     registers: int  # a thread's
+    # A block's shared memory, static and dynamic: 48 KiB, or what the GPU gives a kernel that
+    # opts in (declared max_shared_bytes past 48 KiB).
+    shared_limit: int
 
 
 def _does_not_fit(op: KernelLaunch, loaded: _Loaded, arch: str, registers_per_block: int) -> LaunchResourceError:
@@ -276,7 +279,14 @@ def _does_not_fit(op: KernelLaunch, loaded: _Loaded, arch: str, registers_per_bl
         diagnostic(
             f"`{name}` asks for {op.shmem} bytes of dynamic shared memory, but as compiled for {arch} "
             f"it can have at most {loaded.max_shared}",
-            [f"it has {loaded.static_shared} bytes of static shared memory; static and dynamic share 48 KiB"],
+            [
+                f"it has {loaded.static_shared} bytes of static shared memory; static and dynamic share "
+                + (
+                    "48 KiB"
+                    if loaded.shared_limit == MAX_DYNAMIC_SHARED_BYTES
+                    else f"the {loaded.shared_limit} bytes this GPU gives a kernel that opts in"
+                )
+            ],
             help=f"launch it with at most {loaded.max_shared} bytes of dynamic shared memory",
         ),
     )
@@ -443,12 +453,14 @@ class CudaBackend:
                 fn = code.get_kernel(kernel.name_expression)
                 attributes = fn.attributes[self.core.device_id]  # this device's, whichever is current
                 static = attributes.shared_size_bytes
+                limit = MAX_DYNAMIC_SHARED_BYTES
+                max_shared = min(attributes.max_dynamic_shared_size_bytes, limit - static)
+                if kernel.max_shared_bytes > limit:  # it opts in to more (see sg.kernel)
+                    limit = self.core.properties.max_shared_memory_per_block_optin
+                    max_shared = min(kernel.max_shared_bytes, limit - static)
+                    _allow_dynamic_shared(fn, max_shared, self.core.device_id)
                 loaded = kernel.compiled[self] = _Loaded(
-                    fn,
-                    attributes.max_threads_per_block,
-                    min(attributes.max_dynamic_shared_size_bytes, MAX_DYNAMIC_SHARED_BYTES - static),
-                    static,
-                    attributes.num_regs,
+                    fn, attributes.max_threads_per_block, max_shared, static, attributes.num_regs, limit
                 )
         return loaded
 
@@ -690,6 +702,20 @@ def _add_programmatic_edges(
     (err,) = driver.cuGraphAddDependencies(definition.handle, froms, tos, [edge] * len(froms), len(froms))
     if err != driver.CUresult.CUDA_SUCCESS:
         raise RuntimeError(f"cuGraphAddDependencies (programmatic edges): {err.name}")
+
+
+def _allow_dynamic_shared(fn: CoreKernel, nbytes: int, device_id: int) -> None:
+    """Let launches of ``fn`` on this device have ``nbytes`` of dynamic shared memory (past the
+    48 KiB every kernel gets). cuda.bindings, not cuda.core: cuda.core 1.2's kernel attributes
+    are read-only (``Kernel.attributes``), and the driver refuses a larger launch until this is set."""
+    attribute = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    handle = fn.handle
+    if isinstance(handle, driver.CUkernel):  # loaded through a library: per device
+        (err,) = driver.cuKernelSetAttribute(attribute, nbytes, handle, device_id)
+    else:  # a module's function: this context's
+        (err,) = driver.cuFuncSetAttribute(handle, attribute, nbytes)
+    if err != _SUCCESS:
+        raise RuntimeError(f"setting the dynamic shared memory of a kernel to {nbytes} bytes: {err.name}")
 
 
 def _fill_value(pattern: bytes) -> int | bytes:
