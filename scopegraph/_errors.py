@@ -22,6 +22,42 @@ class BorrowError(ScopeGraphError):
     """One op borrows overlapping memory mutably twice, or mutably and shared; or writes frozen memory."""
 
 
+class FrozenExportError(BorrowError, BufferError):
+    """A frozen tensor was asked for through DLPack in a form that a consumer could take as
+    writable memory: an unversioned capsule (DLPack < 1.0 cannot say read-only), or a versioned
+    one without ``copy=False`` (torch and CuPy ignore the read-only flag). A ``BufferError`` too,
+    which is what DLPack producers raise for an export they cannot make."""
+
+    @classmethod
+    def refusing(cls, tensor_name: str, versioned: bool) -> FrozenExportError:
+        """The error for exporting frozen ``tensor_name`` (``versioned``: the consumer passed a
+        DLPack 1.x ``max_version``). Built here so the exception keeps a plain message (picklable)."""
+        frozen = f"`{tensor_name}` is frozen: graphs and PDL kernels rely on its bytes never changing"
+        duplicate = f"for a writable copy, export a duplicate: torch.from_dlpack(stream.run(sg.dup({tensor_name})))"
+        if versioned:
+            headline = f"cannot export frozen `{tensor_name}` through DLPack without copy=False"
+            notes = [
+                frozen,
+                "the capsule is flagged read-only, but torch and CuPy ignore the flag: "
+                "their default import would be a writable alias",
+            ]
+            hint = (
+                f"to read it without a copy, ask for an alias: torch.from_dlpack({tensor_name}, copy=False) "
+                "(numpy keeps it read-only; torch and CuPy cannot, so never write through it); " + duplicate
+            )
+        else:
+            headline = f"cannot export frozen `{tensor_name}` as an unversioned DLPack capsule"
+            notes = [
+                frozen,
+                "the consumer gave no max_version (DLPack < 1.0), and such a capsule cannot say read-only",
+            ]
+            hint = (
+                "use a consumer that speaks DLPack 1.0 (it passes max_version; current numpy, torch and CuPy do) "
+                f"and pass copy=False; {duplicate}"
+            )
+        return cls(diagnostic(headline, notes, help=hint))
+
+
 class LifetimeError(ScopeGraphError):
     """A freed tensor is used, a pinned tensor is freed, or a closed graph is used."""
 

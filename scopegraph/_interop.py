@@ -14,7 +14,7 @@ stream wait for the work queued on the tensor's memory.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -53,7 +53,10 @@ def tensor_from_foreign(obj: Any, name: str | None = None, stream: Stream | None
 
 
 def _wrap_host(obj: Any, name: str | None) -> Tensor:
-    arr = np.from_dlpack(obj) if hasattr(obj, "__dlpack__") else np.asarray(obj)
+    if not hasattr(obj, "__dlpack__"):
+        arr = np.asarray(obj)
+    else:  # a scopegraph tensor that is frozen exports only as an alias flagged read-only
+        arr = np.from_dlpack(cast(Any, obj), copy=False) if isinstance(obj, Tensor) else np.from_dlpack(obj)
     if not arr.flags.c_contiguous:
         raise _not_contiguous(name)
     dev = device("host")
@@ -76,7 +79,12 @@ def _wrap_device(obj: Any, name: str | None, stream: Stream | None) -> Tensor:
         dlpack_device = obj.__dlpack_device__() if hasattr(obj, "__dlpack_device__") else None
         index = dlpack_device[1] if dlpack_device is not None else _cai_device(obj)
         consumer = device(f"cuda:{index}").setup_stream
-    view = StridedMemoryView.from_any_interface(obj, stream_ptr=int(consumer.native.handle))  # type: ignore[attr-defined]
+    # A scopegraph tensor through its __cuda_array_interface__, which says read-only for frozen
+    # memory (cuda.core asks DLPack for no copy=False, and a frozen tensor refuses that export).
+    wrap = (
+        StridedMemoryView.from_cuda_array_interface if isinstance(obj, Tensor) else StridedMemoryView.from_any_interface
+    )
+    view = wrap(obj, stream_ptr=int(consumer.native.handle))  # type: ignore[attr-defined]
     if stream is None:
         consumer.sync()
     dtype = as_dtype(view.dtype)

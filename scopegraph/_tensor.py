@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar, final
 
 import numpy as np
 
-from ._errors import BorrowError, BoundsError, LifetimeError, SignatureError, diagnostic
+from ._errors import BorrowError, BoundsError, FrozenExportError, LifetimeError, SignatureError, diagnostic
 
 if TYPE_CHECKING:
     from ._allocation import Allocation
@@ -281,8 +281,20 @@ class Tensor:
         }
 
     def __dlpack__(self, *, stream: int | None = None, **kwargs: Any) -> object:
-        """DLPack export: the consumer's ``stream`` is made to wait for work queued on this memory."""
+        """DLPack export: the consumer's ``stream`` is made to wait for work queued on this memory.
+
+        A frozen tensor (or a view overlapping frozen bytes) is exported only where the consumer asks
+        for ``copy=True`` (a copy of its own; the host backend makes one, cuda.core refuses), or
+        for ``copy=False`` with a DLPack 1.x ``max_version``: an alias flagged read-only, which numpy
+        honours and torch and CuPy ignore, so asking for it is the caller's promise not to write.
+        Any other request, every consumer's default included, is a FrozenExportError: torch's and
+        CuPy's default import would be a writable alias of memory that graphs rely on."""
         self.check_alive()
+        if self.frozen:
+            copy = kwargs.get("copy")
+            versioned = kwargs.get("max_version") is not None and tuple(kwargs["max_version"]) >= (1, 0)
+            if not (copy or (copy is False and versioned)):
+                raise FrozenExportError.refusing(self.name, versioned)
         return self.device.backend.dlpack(self, stream, kwargs)
 
     def __dlpack_device__(self) -> tuple[int, int]:

@@ -1009,6 +1009,13 @@ def opted_in_shared_memory_past_what_the_gpu_gives(c: Ctx) -> None:
     c.stream.run(misuse_static_shared_opted_in[1, 256, 227 * 1024](out.mut()))
 
 
+@case("FrozenExportError", r"`w` is frozen", r"copy=False")
+def dlpack_default_export_of_a_frozen_tensor(c: Ctx) -> None:
+    """A consumer's default DLPack import of frozen weights (torch's would be a writable alias)."""
+    w = c.full(16, 1.0, "w").freeze()
+    w.__dlpack__(max_version=(1, 0))
+
+
 @case("SignatureError", r"max_shared_bytes", r"232448")
 def shared_memory_past_what_the_declaration_opts_in_to(c: Ctx) -> None:
     """232449 bytes of dynamic shared memory for a kernel that opts in to 227 KiB."""

@@ -34,7 +34,7 @@ def test_launch_shapes_are_cached_but_still_checked(sg_device: sg.Device) -> Non
 def test_opting_in_to_more_shared_memory_is_kept_by_every_build_of_a_kernel() -> None:
     """max_shared_bytes raises what a launch may ask for (48 KiB otherwise), for the kernel, its
     template instantiations and its rebuilds alike."""
-    src = 'template <int B> __global__ void staged(float* out) { extern __shared__ float s[]; out[0] = s[B]; }'
+    src = "template <int B> __global__ void staged(float* out) { extern __shared__ float s[]; out[0] = s[B]; }"
 
     def staged(out: sg.Mut[sg.Tensor]) -> None: ...
 

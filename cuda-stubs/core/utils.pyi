@@ -12,6 +12,8 @@ class StridedMemoryView:
     @classmethod
     def from_any_interface(cls, obj: object, stream_ptr: int | None = None) -> StridedMemoryView: ...
     @classmethod
+    def from_cuda_array_interface(cls, obj: object, stream_ptr: int | None = None) -> StridedMemoryView: ...
+    @classmethod
     def from_buffer(
         cls,
         buffer: Buffer,
@@ -19,6 +21,7 @@ class StridedMemoryView:
         strides: tuple[int, ...] | None = None,
         *,
         dtype: numpy.dtype[Any] | None = None,
+        is_readonly: bool = False,
     ) -> StridedMemoryView: ...
     @property
     def shape(self) -> tuple[int, ...]: ...
@@ -26,7 +29,14 @@ class StridedMemoryView:
     def strides(self) -> tuple[int, ...] | None: ...
     @property
     def dtype(self) -> numpy.dtype[Any] | None: ...
-    def __dlpack__(self, *, stream: int | None = None) -> object: ...
+    def __dlpack__(
+        self,
+        *,
+        stream: int | None = None,
+        max_version: tuple[int, int] | None = None,
+        dl_device: tuple[int, int] | None = None,
+        copy: bool | None = None,
+    ) -> object: ...
 
 class FileStreamProgramCache:
     def __init__(self, path: str | PathLike[str] | None = None, *, max_size_bytes: int | None = None) -> None: ...

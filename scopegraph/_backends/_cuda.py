@@ -297,7 +297,6 @@ class CudaBackend:
 
     def __init__(self, index: int) -> None:
         self.last_work: tuple[object, Stream] | None = None
-        self._current = threading.local()
         self._configs: dict[tuple[Any, ...], LaunchConfig] = {}
         with self.driver_call(f"initialising cuda:{index}"):
             self.core = CoreDevice(index)
@@ -313,10 +312,14 @@ class CudaBackend:
         self._graveyard: collections.deque[tuple[list[Event], object]] = collections.deque()
 
     def make_current(self) -> None:
-        """Make this device's primary context current on the calling thread (once per thread)."""
-        if not getattr(self._current, "done", False):
+        """Make this device's primary context current on the calling thread, unless scopegraph's
+        last switch on this thread was to it already. One record per thread, not per backend: with
+        two GPUs, the second one's switch must not leave the first believing it is still current
+        (a graph is instantiated in the current context). A context that another library makes
+        current on the thread is not seen; scopegraph switches back at its next switch."""
+        if getattr(_thread, "backend", None) is not self:
             self.core.set_current()
-            self._current.done = True
+            _thread.backend = self
 
     @contextlib.contextmanager
     def driver_call(self, operation: str) -> Iterator[None]:
@@ -670,7 +673,11 @@ class CudaBackend:
                 self.wait_stream(consumer, user)
         elif stream is None:
             self.core.sync()  # DLPack's None: the consumer gives no stream, so the data must be complete
-        view = StridedMemoryView.from_buffer(self._view(tensor), tensor.shape, dtype=tensor.dtype.numpy)
+        # cuda.core would drop the read-only flag from an unversioned capsule: Tensor.__dlpack__ has
+        # already refused those for frozen tensors.
+        view = StridedMemoryView.from_buffer(
+            self._view(tensor), tensor.shape, dtype=tensor.dtype.numpy, is_readonly=tensor.frozen
+        )
         return view.__dlpack__(stream=-1, **options)
 
     def dlpack_device(self) -> tuple[int, int]:
@@ -702,6 +709,10 @@ def _add_programmatic_edges(
     (err,) = driver.cuGraphAddDependencies(definition.handle, froms, tos, [edge] * len(froms), len(froms))
     if err != driver.CUresult.CUDA_SUCCESS:
         raise RuntimeError(f"cuGraphAddDependencies (programmatic edges): {err.name}")
+
+
+# The backend whose context scopegraph last made current on each thread (CudaBackend.make_current).
+_thread = threading.local()
 
 
 def _allow_dynamic_shared(fn: CoreKernel, nbytes: int, device_id: int) -> None:

@@ -239,8 +239,9 @@ class HostBackend:
         return None
 
     def dlpack(self, tensor: Tensor, stream: int | None, options: dict[str, Any]) -> object:
-        # Passing max_version on makes a versioned (DLPack 1.x) capsule, which keeps the array writable.
-        return _array(tensor, True).__dlpack__(**options)
+        # numpy flags a read-only array's versioned (DLPack 1.x) capsule read-only; Tensor.__dlpack__
+        # has already refused the frozen exports that could not carry the flag.
+        return _array(tensor, not tensor.frozen).__dlpack__(**options)
 
     def dlpack_device(self) -> tuple[int, int]:
         return (1, 0)  # kDLCPU

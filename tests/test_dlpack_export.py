@@ -1,0 +1,227 @@
+"""Exporting frozen tensors through DLPack: no consumer gets a writable alias by default.
+
+torch 2.11 and CuPy 14 take a capsule flagged read-only (DLPack 1.x) as a writable array, so the
+flag alone would not protect frozen weights: a frozen export is refused unless the consumer asks
+for ``copy=False`` (an alias flagged read-only, the caller's promise) or ``copy=True``. Mutable
+tensors export as before. The capsule-level tests run on every backend; the numpy ones on the
+host; the torch and CuPy ones need a GPU (marked ``cuda``)."""
+
+from __future__ import annotations
+
+import ctypes
+import pickle
+from typing import Any, cast
+
+import numpy as np
+import pytest
+
+import scopegraph as sg
+
+NDArray = np.ndarray[Any, np.dtype[Any]]
+
+READ_ONLY = 1  # DLPACK_FLAG_BITMASK_READ_ONLY
+VERSIONED = (1, 0)
+
+_get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+_get_pointer.restype = ctypes.c_void_p
+_get_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_get_name = ctypes.pythonapi.PyCapsule_GetName
+_get_name.restype = ctypes.c_char_p
+_get_name.argtypes = [ctypes.py_object]
+
+
+def capsule_flags(capsule: object) -> int:
+    """The ``flags`` of a versioned capsule's DLManagedTensorVersioned (left unconsumed)."""
+    assert _get_name(capsule) == b"dltensor_versioned"
+    managed = _get_pointer(capsule, b"dltensor_versioned")
+    # DLManagedTensorVersioned: DLPackVersion (two uint32), manager_ctx, deleter, then uint64 flags.
+    return ctypes.c_uint64.from_address(managed + 8 + 2 * ctypes.sizeof(ctypes.c_void_p)).value
+
+
+def export_kwargs(dev: sg.Device, **kwargs: Any) -> dict[str, Any]:
+    """What a consumer passes to __dlpack__: on a GPU, a stream (-1: no ordering needed here)."""
+    return {"stream": -1, **kwargs} if dev.is_cuda else kwargs
+
+
+def weights(dev: sg.Device) -> sg.Tensor:
+    return dev.from_numpy(np.arange(16, dtype=np.float32), name="w").freeze()
+
+
+# -- every backend: what the capsule says ------------------------------------------------------
+
+
+def test_a_frozen_alias_is_flagged_read_only(sg_device: sg.Device) -> None:
+    w = weights(sg_device)
+    capsule = w.__dlpack__(**export_kwargs(sg_device, max_version=VERSIONED, copy=False))
+    assert capsule_flags(capsule) & READ_ONLY
+
+
+def test_a_mutable_tensor_exports_writable_as_before(sg_device: sg.Device) -> None:
+    x = sg_device.zeros((16,), name="x")
+    assert not capsule_flags(x.__dlpack__(**export_kwargs(sg_device, max_version=VERSIONED))) & READ_ONLY
+    assert _get_name(x.__dlpack__(**export_kwargs(sg_device))) == b"dltensor"  # unversioned still allowed
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"max_version": VERSIONED}, r"without copy=False"),
+        ({"max_version": VERSIONED, "copy": None}, r"without copy=False"),
+        ({}, r"as an unversioned DLPack capsule"),
+        ({"copy": False}, r"as an unversioned DLPack capsule"),
+        ({"max_version": (0, 8), "copy": False}, r"as an unversioned DLPack capsule"),
+    ],
+    ids=["versioned-default", "versioned-copy-None", "legacy", "legacy-copy-False", "max-version-0.8"],
+)
+def test_a_frozen_export_that_could_be_written_is_refused(
+    sg_device: sg.Device, kwargs: dict[str, Any], message: str
+) -> None:
+    w = weights(sg_device)
+    with pytest.raises(sg.FrozenExportError, match=message) as info:
+        w.__dlpack__(**export_kwargs(sg_device, **kwargs))
+    assert isinstance(info.value, sg.BorrowError) and isinstance(info.value, BufferError)
+    text = str(info.value)
+    assert "`w` is frozen" in text and "\nhelp: " in text and "sg.dup(w)" in text
+    np.testing.assert_array_equal(w.numpy(), np.arange(16, dtype=np.float32))
+
+
+def test_a_view_is_refused_exactly_when_it_overlaps_frozen_bytes(sg_device: sg.Device) -> None:
+    x = sg_device.zeros((16,), name="x")
+    x[4:8].freeze()
+    assert not capsule_flags(x[0:4].__dlpack__(**export_kwargs(sg_device, max_version=VERSIONED))) & READ_ONLY
+    for overlapping in (x[6:10], x):
+        with pytest.raises(sg.FrozenExportError):
+            overlapping.__dlpack__(**export_kwargs(sg_device, max_version=VERSIONED))
+        alias = overlapping.__dlpack__(**export_kwargs(sg_device, max_version=VERSIONED, copy=False))
+        assert capsule_flags(alias) & READ_ONLY
+
+
+def test_the_duplicate_that_the_help_line_names_exports_writable(sg_device: sg.Device, sg_stream: sg.Stream) -> None:
+    copy = sg_stream.run(sg.dup(weights(sg_device)))
+    sg_stream.sync()
+    assert not capsule_flags(copy.__dlpack__(**export_kwargs(sg_device, max_version=VERSIONED))) & READ_ONLY
+
+
+def test_wrapping_a_scopegraph_tensor_keeps_it_frozen(sg_device: sg.Device) -> None:
+    """sg.Tensor.from_dlpack of a frozen scopegraph tensor: a frozen wrapper of the same bytes
+    (not a FrozenExportError, not a writable alias); of a mutable one: a writable wrapper."""
+    w = weights(sg_device)
+    wrapped = sg.Tensor.from_dlpack(w, name="wrapped")
+    assert wrapped.frozen and wrapped.data_ptr == w.data_ptr
+    np.testing.assert_array_equal(wrapped.numpy(), np.arange(16, dtype=np.float32))
+    x = sg_device.zeros((16,), name="x")
+    alias = sg.Tensor.from_dlpack(x, name="alias")
+    assert not alias.frozen and alias.data_ptr == x.data_ptr
+
+
+def test_the_error_survives_pickling() -> None:
+    error = sg.FrozenExportError.refusing("w", versioned=True)
+    again = pickle.loads(pickle.dumps(error))
+    assert type(again) is sg.FrozenExportError and str(again) == str(error)
+
+
+# -- the host backend: numpy, which honours the read-only flag ----------------------------------
+
+
+@pytest.fixture
+def host() -> sg.Device:
+    return sg.device("host")
+
+
+def numpy_import(tensor: sg.Tensor, **kwargs: Any) -> NDArray:
+    """``numpy.from_dlpack`` (whose stubs accept only a ``__dlpack__`` that takes ``stream=None``)."""
+    return np.from_dlpack(cast(Any, tensor), **kwargs)
+
+
+def test_numpy_alias_of_a_frozen_tensor_is_read_only(host: sg.Device) -> None:
+    w = weights(host)
+    alias = numpy_import(w, copy=False)
+    assert alias.ctypes.data == w.data_ptr and not alias.flags.writeable
+    with pytest.raises(ValueError, match="read-only"):
+        alias[0] = 42.0
+    np.testing.assert_array_equal(w.numpy(), np.arange(16, dtype=np.float32))
+
+
+def test_numpy_default_import_of_a_frozen_tensor_is_refused(host: sg.Device) -> None:
+    with pytest.raises(sg.FrozenExportError, match=r"without copy=False"):
+        numpy_import(weights(host))
+
+
+def test_numpy_copy_of_a_frozen_tensor_is_writable_and_separate(host: sg.Device) -> None:
+    w = weights(host)
+    copy = numpy_import(w, copy=True)
+    assert copy.flags.writeable and copy.ctypes.data != w.data_ptr
+    copy[0] = 42.0
+    assert w.numpy()[0] == 0.0
+
+
+def test_numpy_alias_of_a_mutable_tensor_is_writable_and_shared(host: sg.Device) -> None:
+    x = host.zeros((16,), name="x")
+    alias = numpy_import(x)
+    assert alias.flags.writeable and alias.ctypes.data == x.data_ptr
+    alias[3] = 7.0
+    assert x.numpy()[3] == 7.0
+
+
+def test_numpy_view_of_the_unfrozen_part_stays_writable(host: sg.Device) -> None:
+    x = host.zeros((16,), name="x")
+    x[4:8].freeze()
+    head = numpy_import(x[0:4])
+    head[:] = 1.0
+    np.testing.assert_array_equal(x.numpy()[:8], [1, 1, 1, 1, 0, 0, 0, 0])
+    assert not numpy_import(x[2:6], copy=False).flags.writeable
+
+
+# -- a GPU: torch and CuPy, which ignore the read-only flag -------------------------------------
+
+
+@pytest.fixture
+def cuda() -> sg.Device:
+    return sg.device("cuda")
+
+
+@pytest.mark.cuda
+def test_torch_gets_no_writable_alias_of_a_frozen_tensor(cuda: sg.Device) -> None:
+    torch = pytest.importorskip("torch")
+    w = weights(cuda)
+    with pytest.raises(sg.FrozenExportError, match=r"without copy=False"):
+        torch.from_dlpack(w)
+    alias = torch.from_dlpack(w, copy=False)  # the caller's explicit promise; the capsule says read-only
+    assert alias.data_ptr() == w.data_ptr and alias.sum().item() == 120.0
+    copy = torch.from_dlpack(cuda.stream().run(sg.dup(w)))  # the help line's writable copy
+    copy += 1.0
+    torch.cuda.synchronize()
+    np.testing.assert_array_equal(w.numpy(), np.arange(16, dtype=np.float32))
+
+
+@pytest.mark.cuda
+def test_cupy_gets_no_writable_alias_of_a_frozen_tensor(cuda: sg.Device) -> None:
+    cp = pytest.importorskip("cupy")
+    w = weights(cuda)
+    with pytest.raises(sg.FrozenExportError, match=r"without copy=False"):
+        cp.from_dlpack(w)
+    alias = cp.from_dlpack(w, copy=False)
+    assert alias.data.ptr == w.data_ptr and float(alias.sum()) == 120.0
+    np.testing.assert_array_equal(w.numpy(), np.arange(16, dtype=np.float32))
+
+
+@pytest.mark.cuda
+def test_torch_round_trips_a_mutable_tensor_without_a_copy(cuda: sg.Device) -> None:
+    torch = pytest.importorskip("torch")
+    x = cuda.zeros((16,), name="x")
+    t = torch.from_dlpack(x)
+    assert t.data_ptr() == x.data_ptr
+    t.fill_(3.0)
+    torch.cuda.synchronize()
+    assert x.numpy().tolist() == [3.0] * 16
+
+
+@pytest.mark.cuda
+def test_cupy_round_trips_a_mutable_tensor_without_a_copy(cuda: sg.Device) -> None:
+    cp = pytest.importorskip("cupy")
+    x = cuda.zeros((16,), name="x")
+    a = cp.from_dlpack(x)
+    assert a.data.ptr == x.data_ptr
+    a += 3.0
+    cp.cuda.runtime.deviceSynchronize()
+    assert x.numpy().tolist() == [3.0] * 16
