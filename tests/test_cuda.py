@@ -181,13 +181,17 @@ def test_mixing_devices_is_a_signature_error(cuda: sg.Device) -> None:
 
 
 def test_a_launch_without_tensors_runs_on_each_gpu_it_is_given() -> None:
-    """Such a launch belongs to no device: one op, run and recorded on two GPUs, must use each
-    GPU's own loaded kernel (a form bound on the first is an invalid handle on the second)."""
+    """Such a launch belongs to no device: one op, run and recorded on two GPUs, uses each GPU's
+    own loaded kernel (compiled for that GPU, its limits checked against that GPU), and each GPU's
+    work runs with its own context current, also when the thread switched GPUs in between."""
+    from cuda.bindings import driver
+
     from scopegraph._driver import cuda_device_count
 
     if cuda_device_count() < 2:
         pytest.skip("needs two GPUs")
-    op = library.noop[1, 32]()
+    noop = library.noop.rebuilt()  # loaded nowhere yet
+    op = noop[1, 32]()
     assert op.device is None
     for index in (0, 1, 0):
         stream = sg.device(f"cuda:{index}").stream()
@@ -198,6 +202,9 @@ def test_a_launch_without_tensors_runs_on_each_gpu_it_is_given() -> None:
             graph.launch()
             graph.sync()
         stream.sync()
+        err, current = driver.cuCtxGetDevice()
+        assert err == driver.CUresult.CUDA_SUCCESS and int(current) == index
+    assert len(noop.compiled) == 2
 
 
 def test_torch_interop_without_copies(cuda: sg.Device) -> None:

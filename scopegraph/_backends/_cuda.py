@@ -315,8 +315,8 @@ class CudaBackend:
         """Make this device's primary context current on the calling thread, unless scopegraph's
         last switch on this thread was to it already. One record per thread, not per backend: with
         two GPUs, the second one's switch must not leave the first believing it is still current
-        (a graph is instantiated in the current context). A context that another library makes
-        current on the thread is not seen; scopegraph switches back at its next switch."""
+        (its work would then run with the other GPU's context current). A context that another
+        library makes current on the thread is not seen; scopegraph switches back at its next switch."""
         if getattr(_thread, "backend", None) is not self:
             self.core.set_current()
             _thread.backend = self
