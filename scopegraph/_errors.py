@@ -23,38 +23,34 @@ class BorrowError(ScopeGraphError):
 
 
 class FrozenExportError(BorrowError, BufferError):
-    """A frozen tensor was asked for through DLPack in a form that a consumer could take as
-    writable memory: an unversioned capsule (DLPack < 1.0 cannot say read-only), or a versioned
-    one without ``copy=False`` (torch and CuPy ignore the read-only flag). A ``BufferError`` too,
-    which is what DLPack producers raise for an export they cannot make."""
+    """A frozen tensor was asked for in a form that a consumer could take as writable memory: a
+    DLPack export without ``copy=False`` or ``copy=True`` (torch and CuPy ignore DLPack's read-only
+    flag), an unversioned DLPack capsule (DLPack < 1.0 cannot say read-only), or
+    ``__cuda_array_interface__`` (CuPy ignores its read-only field). A ``BufferError`` too, which
+    is what DLPack producers raise for an export they cannot make."""
 
     @classmethod
-    def refusing(cls, tensor_name: str, versioned: bool) -> FrozenExportError:
-        """The error for exporting frozen ``tensor_name`` (``versioned``: the consumer passed a
-        DLPack 1.x ``max_version``). Built here so the exception keeps a plain message (picklable)."""
-        frozen = f"`{tensor_name}` is frozen: graphs and PDL kernels rely on its bytes never changing"
-        duplicate = f"for a writable copy, export a duplicate: torch.from_dlpack(stream.run(sg.dup({tensor_name})))"
-        if versioned:
-            headline = f"cannot export frozen `{tensor_name}` through DLPack without copy=False"
-            notes = [
-                frozen,
-                "the capsule is flagged read-only, but torch and CuPy ignore the flag: "
-                "their default import would be a writable alias",
-            ]
-            hint = (
-                f"to read it without a copy, ask for an alias: torch.from_dlpack({tensor_name}, copy=False) "
-                "(numpy keeps it read-only; torch and CuPy cannot, so never write through it); " + duplicate
-            )
-        else:
+    def refusing(cls, tensor_name: str, via: str) -> FrozenExportError:
+        """The error for exporting frozen ``tensor_name`` ``via`` "dlpack" (a DLPack 1.x request),
+        "dlpack 0.x" or "__cuda_array_interface__". Built here so that the exception keeps a plain
+        message (picklable)."""
+        notes = [f"`{tensor_name}` is frozen: graphs and PDL kernels rely on its bytes never changing"]
+        alias = f"torch.from_dlpack({tensor_name}, copy=False)"
+        copy = f"for a writable copy: torch.from_dlpack({tensor_name}, copy=True)"
+        if via == "dlpack":
+            headline = f"cannot export frozen `{tensor_name}` through DLPack without copy=False or copy=True"
+            notes.append("its capsule says read-only, but torch and CuPy ignore that: their default import would write")
+            hint = f"to read it without a copy: {alias} (numpy keeps it read-only; torch and CuPy cannot, so never "
+            hint += f"write through it); {copy}"
+        elif via == "dlpack 0.x":
             headline = f"cannot export frozen `{tensor_name}` as an unversioned DLPack capsule"
-            notes = [
-                frozen,
-                "the consumer gave no max_version (DLPack < 1.0), and such a capsule cannot say read-only",
-            ]
-            hint = (
-                "use a consumer that speaks DLPack 1.0 (it passes max_version; current numpy, torch and CuPy do) "
-                f"and pass copy=False; {duplicate}"
-            )
+            notes.append("the consumer gave no max_version (DLPack < 1.0): such a capsule cannot say read-only")
+            hint = f"use a consumer of DLPack 1.x (current numpy, torch and CuPy) with copy=False: {alias}; {copy}"
+        else:
+            headline = f"cannot export frozen `{tensor_name}` through __cuda_array_interface__"
+            notes.append("the interface says read-only, but CuPy ignores that: cupy.asarray would write")
+            hint = f"import it through DLPack instead: cupy.from_dlpack({tensor_name}, copy=False) is a read-only "
+            hint += f"alias (never write through it); {copy}"
         return cls(diagnostic(headline, notes, help=hint))
 
 

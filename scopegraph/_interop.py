@@ -14,7 +14,7 @@ stream wait for the work queued on the tensor's memory.
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
@@ -34,6 +34,8 @@ def tensor_from_foreign(obj: Any, name: str | None = None, stream: Stream | None
             f"from_dlpack(stream=) takes a scopegraph Stream, not {type(stream).__name__}\n"
             "help: pass dev.stream() or sg.Stream.from_handle(obj), or leave stream out"
         )
+    if isinstance(obj, Tensor):
+        return _wrap_scopegraph(obj, name)
     try:
         is_device = hasattr(obj, "__cuda_array_interface__") or (
             hasattr(obj, "__dlpack_device__") and obj.__dlpack_device__()[0] in (2, 3)  # kDLCUDA, kDLCUDAHost
@@ -52,11 +54,24 @@ def tensor_from_foreign(obj: Any, name: str | None = None, stream: Stream | None
         ) from exc
 
 
+def _wrap_scopegraph(source: Tensor, name: str | None) -> Tensor:
+    """Another wrapper of a scopegraph tensor's memory, made without an export (which a frozen
+    tensor refuses). Like any two wrappers of one buffer it shares the source's region, so the
+    bytes frozen there are frozen through it too, and no others become frozen."""
+    source.check_alive()
+    if source.device.is_cuda:
+        from cuda.core import Buffer
+
+        storage: object = Buffer.from_handle(source.data_ptr, max(source.nbytes, 1), owner=source)
+    else:
+        whole: np.ndarray[Any, np.dtype[np.uint8]] = source.allocation.storage  # type: ignore[assignment]
+        storage = whole[source.offset : source.offset + source.nbytes]
+    alloc = source.device.adopt(storage, source.data_ptr, source.nbytes, name, borrowed=True)
+    return Tensor(alloc, 0, source.shape, source.dtype)
+
+
 def _wrap_host(obj: Any, name: str | None) -> Tensor:
-    if not hasattr(obj, "__dlpack__"):
-        arr = np.asarray(obj)
-    else:  # a scopegraph tensor that is frozen exports only as an alias flagged read-only
-        arr = np.from_dlpack(cast(Any, obj), copy=False) if isinstance(obj, Tensor) else np.from_dlpack(obj)
+    arr = np.from_dlpack(obj) if hasattr(obj, "__dlpack__") else np.asarray(obj)
     if not arr.flags.c_contiguous:
         raise _not_contiguous(name)
     dev = device("host")
@@ -79,12 +94,7 @@ def _wrap_device(obj: Any, name: str | None, stream: Stream | None) -> Tensor:
         dlpack_device = obj.__dlpack_device__() if hasattr(obj, "__dlpack_device__") else None
         index = dlpack_device[1] if dlpack_device is not None else _cai_device(obj)
         consumer = device(f"cuda:{index}").setup_stream
-    # A scopegraph tensor through its __cuda_array_interface__, which says read-only for frozen
-    # memory (cuda.core asks DLPack for no copy=False, and a frozen tensor refuses that export).
-    wrap = (
-        StridedMemoryView.from_cuda_array_interface if isinstance(obj, Tensor) else StridedMemoryView.from_any_interface
-    )
-    view = wrap(obj, stream_ptr=int(consumer.native.handle))  # type: ignore[attr-defined]
+    view = StridedMemoryView.from_any_interface(obj, stream_ptr=int(consumer.native.handle))  # type: ignore[attr-defined]
     if stream is None:
         consumer.sync()
     dtype = as_dtype(view.dtype)

@@ -163,7 +163,7 @@ def _shared_bytes(value: object, kernel: Kernel[Any]) -> int:
                 f"more with @sg.kernel(..., max_shared_bytes=N) (up to {MAX_OPT_IN_SHARED_BYTES} bytes, "
                 "as the GPU allows)"
                 if limit == MAX_DYNAMIC_SHARED_BYTES
-                else f"help: ask for at most the {limit} bytes its declaration opts in to (max_shared_bytes)"
+                else f"help: ask for at most the {limit} bytes its declaration allows (max_shared_bytes)"
             )
         )
     return int(value)
@@ -173,13 +173,17 @@ def _max_shared_bytes(value: object, kernel_name: str) -> int:
     """A declaration's ``max_shared_bytes``: the dynamic shared memory its launches may ask for."""
     if value is None:
         return MAX_DYNAMIC_SHARED_BYTES
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_OPT_IN_SHARED_BYTES:
+    if (
+        isinstance(value, (bool, np.bool_))
+        or not isinstance(value, (int, np.integer))
+        or not 0 < value <= MAX_OPT_IN_SHARED_BYTES
+    ):
         raise SignatureError(
             f"`{kernel_name}` declares max_shared_bytes={value!r}, not 1..{MAX_OPT_IN_SHARED_BYTES} bytes\n"
             f"help: declare what its largest launch asks for; no GPU gives a block more than "
             f"{MAX_OPT_IN_SHARED_BYTES} bytes"
         )
-    return max(value, MAX_DYNAMIC_SHARED_BYTES)
+    return int(value)
 
 
 # Names a `touches` expression may use besides the kernel's scalar parameters.
@@ -315,8 +319,8 @@ class Kernel(Generic[P]):
             self.params,
             cpp_name,
         )
-        # The dynamic shared memory a launch may ask for: 48 KiB, or more if the declaration opts in
-        # (the CUDA backend then raises the loaded kernel's limit, as far as its GPU allows).
+        # The dynamic shared memory a launch may ask for: 48 KiB, or what the declaration says; past
+        # 48 KiB the CUDA backend raises the loaded kernel's limit, as far as its GPU allows.
         self.max_shared_bytes = _max_shared_bytes(max_shared_bytes, cpp_name)
         # The C++ expression NVRTC resolves: ``name`` or ``name<args>`` for a template.
         self.name_expression = cpp_name if not template_args else f"{cpp_name}<{', '.join(template_args)}>"
@@ -475,9 +479,9 @@ def kernel(
     one that never waits is a PdlWaitError when it is first launched or recorded. The check sees
     whether the wait is there, not whether it comes early enough or on every path.
 
-    ``max_shared_bytes`` opts in to more than 48 KiB of dynamic shared memory a launch (CUDA's
-    ``cudaFuncAttributeMaxDynamicSharedMemorySize``): launches may then ask for up to that many
-    bytes, checked when each launch is built. The GPU's own limit (227 KiB a block on sm_90, less
+    ``max_shared_bytes`` sets how much dynamic shared memory a launch may ask for (48 KiB if left
+    out), checked when each launch is built; past 48 KiB it opts in to more (CUDA's
+    ``cudaFuncAttributeMaxDynamicSharedMemorySize``). The GPU's own limit (227 KiB a block on sm_90, less
     on older GPUs, minus the kernel's static shared memory) is checked when a launch is run or
     recorded: past it is a LaunchResourceError.
     """

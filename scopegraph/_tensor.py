@@ -271,6 +271,8 @@ class Tensor:
         """Version 3, with ``stream`` set to a stream on which every write queued so far is visible."""
         if not self.device.is_cuda:
             raise AttributeError("__cuda_array_interface__ exists only for CUDA tensors")
+        if self.frozen:  # a consumer's hasattr() passes this on: the refusal reaches the caller
+            raise FrozenExportError.refusing(self.name, "__cuda_array_interface__")
         return {
             "shape": self.shape,
             "typestr": self.dtype.numpy.str,
@@ -282,20 +284,31 @@ class Tensor:
 
     def __dlpack__(self, *, stream: int | None = None, **kwargs: Any) -> object:
         """DLPack export: the consumer's ``stream`` is made to wait for work queued on this memory.
+        ``copy=True`` exports a copy (on a GPU, made by scopegraph: cuda.core exports only aliases).
 
-        A frozen tensor (or a view overlapping frozen bytes) is exported only where the consumer asks
-        for ``copy=True`` (a copy of its own; the host backend makes one, cuda.core refuses), or
-        for ``copy=False`` with a DLPack 1.x ``max_version``: an alias flagged read-only, which numpy
+        A frozen tensor (or a view overlapping frozen bytes) is exported only as a copy, or as an
+        alias for ``copy=False`` with a DLPack 1.x ``max_version``: flagged read-only, which numpy
         honours and torch and CuPy ignore, so asking for it is the caller's promise not to write.
         Any other request, every consumer's default included, is a FrozenExportError: torch's and
         CuPy's default import would be a writable alias of memory that graphs rely on."""
         self.check_alive()
-        if self.frozen:
-            copy = kwargs.get("copy")
-            versioned = kwargs.get("max_version") is not None and tuple(kwargs["max_version"]) >= (1, 0)
-            if not (copy or (copy is False and versioned)):
-                raise FrozenExportError.refusing(self.name, versioned)
-        return self.device.backend.dlpack(self, stream, kwargs)
+        copy, max_version = kwargs.get("copy"), kwargs.get("max_version")
+        if not (copy is None or isinstance(copy, (bool, np.bool_))) or not (
+            max_version is None
+            or (type(max_version) is tuple and len(max_version) == 2 and all(type(v) is int for v in max_version))
+        ):
+            raise SignatureError(
+                f"__dlpack__(copy={copy!r}, max_version={max_version!r}) of `{self.name}`: copy is None or a "
+                "bool, max_version None or a (major, minor) tuple of ints\n"
+                "help: import through the consumer (torch.from_dlpack(t), numpy.from_dlpack(t)), which passes these"
+            )
+        if copy is not None:
+            copy = bool(copy)
+        if self.frozen and not copy:
+            versioned = max_version is not None and max_version >= (1, 0)
+            if not (copy is False and versioned):
+                raise FrozenExportError.refusing(self.name, "dlpack" if versioned else "dlpack 0.x")
+        return self.device.backend.dlpack(self, stream, {**kwargs, "copy": copy} if "copy" in kwargs else kwargs)
 
     def __dlpack_device__(self) -> tuple[int, int]:
         return self.device.backend.dlpack_device()

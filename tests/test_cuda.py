@@ -207,6 +207,35 @@ def test_a_launch_without_tensors_runs_on_each_gpu_it_is_given() -> None:
     assert len(noop.compiled) == 2
 
 
+def test_another_library_switching_gpus_on_the_thread_does_not_break_scopegraph() -> None:
+    """torch.cuda.set_device(1) and a torch op between two pieces of scopegraph work on cuda:0, on
+    one thread: scopegraph's allocations, copies, launches and graph builds still act on cuda:0."""
+    from scopegraph._driver import cuda_device_count
+
+    if cuda_device_count() < 2:
+        pytest.skip("needs two GPUs")
+    torch = pytest.importorskip("torch")
+    gpu = sg.device("cuda:0")
+    stream = gpu.stream()
+    x = gpu.zeros((256,), name="x")
+    stream.run(library.fill_op(x.mut(), 1.0))
+    stream.sync()
+    torch.cuda.set_device(1)
+    try:
+        assert float(torch.ones(4, device="cuda").sum()) == 4.0  # cuda:1's context is current now
+        y = gpu.from_numpy(np.full(256, 2.0, np.float32), name="y")
+        z = gpu.zeros((256,), name="z")
+        stream.run(library.add_op(z.mut(), x, y))
+        with CudaGraph.scope(stream) as s:
+            s.record(library.add_op(x.mut(), z, y))
+        with s.graph as graph:
+            graph.launch()
+            graph.sync()
+        np.testing.assert_array_equal(x.numpy(), 5.0)
+    finally:
+        torch.cuda.set_device(0)
+
+
 def test_torch_interop_without_copies(cuda: sg.Device) -> None:
     torch = pytest.importorskip("torch")
     t = torch.arange(16, dtype=torch.float32, device="cuda")

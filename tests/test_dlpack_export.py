@@ -30,12 +30,21 @@ _get_name.restype = ctypes.c_char_p
 _get_name.argtypes = [ctypes.py_object]
 
 
+# DLManagedTensorVersioned: DLPackVersion (two uint32), manager_ctx, deleter, uint64 flags, then
+# the DLTensor, whose first field is the data pointer.
+_FLAGS = 8 + 2 * ctypes.sizeof(ctypes.c_void_p)
+
+
 def capsule_flags(capsule: object) -> int:
     """The ``flags`` of a versioned capsule's DLManagedTensorVersioned (left unconsumed)."""
     assert _get_name(capsule) == b"dltensor_versioned"
+    return ctypes.c_uint64.from_address(_get_pointer(capsule, b"dltensor_versioned") + _FLAGS).value
+
+
+def capsule_data(capsule: object) -> int:
+    """The data pointer of a versioned capsule's tensor (left unconsumed)."""
     managed = _get_pointer(capsule, b"dltensor_versioned")
-    # DLManagedTensorVersioned: DLPackVersion (two uint32), manager_ctx, deleter, then uint64 flags.
-    return ctypes.c_uint64.from_address(managed + 8 + 2 * ctypes.sizeof(ctypes.c_void_p)).value
+    return ctypes.c_void_p.from_address(managed + _FLAGS + 8).value or 0
 
 
 def export_kwargs(dev: sg.Device, **kwargs: Any) -> dict[str, Any]:
@@ -65,8 +74,8 @@ def test_a_mutable_tensor_exports_writable_as_before(sg_device: sg.Device) -> No
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"max_version": VERSIONED}, r"without copy=False"),
-        ({"max_version": VERSIONED, "copy": None}, r"without copy=False"),
+        ({"max_version": VERSIONED}, r"without copy=False or copy=True"),
+        ({"max_version": VERSIONED, "copy": None}, r"without copy=False or copy=True"),
         ({}, r"as an unversioned DLPack capsule"),
         ({"copy": False}, r"as an unversioned DLPack capsule"),
         ({"max_version": (0, 8), "copy": False}, r"as an unversioned DLPack capsule"),
@@ -81,7 +90,7 @@ def test_a_frozen_export_that_could_be_written_is_refused(
         w.__dlpack__(**export_kwargs(sg_device, **kwargs))
     assert isinstance(info.value, sg.BorrowError) and isinstance(info.value, BufferError)
     text = str(info.value)
-    assert "`w` is frozen" in text and "\nhelp: " in text and "sg.dup(w)" in text
+    assert "`w` is frozen" in text and "\nhelp: " in text and "copy=True" in text
     np.testing.assert_array_equal(w.numpy(), np.arange(16, dtype=np.float32))
 
 
@@ -96,26 +105,48 @@ def test_a_view_is_refused_exactly_when_it_overlaps_frozen_bytes(sg_device: sg.D
         assert capsule_flags(alias) & READ_ONLY
 
 
-def test_the_duplicate_that_the_help_line_names_exports_writable(sg_device: sg.Device, sg_stream: sg.Stream) -> None:
-    copy = sg_stream.run(sg.dup(weights(sg_device)))
-    sg_stream.sync()
-    assert not capsule_flags(copy.__dlpack__(**export_kwargs(sg_device, max_version=VERSIONED))) & READ_ONLY
+def test_copy_true_exports_a_writable_copy_of_its_own(sg_device: sg.Device) -> None:
+    """What the help line names: copy=True gives memory of the consumer's own, frozen or not (on a
+    GPU scopegraph makes the copy: cuda.core exports only aliases)."""
+    for t in (weights(sg_device), sg_device.from_numpy(np.arange(16, dtype=np.float32), name="x")):
+        capsule = t.__dlpack__(**export_kwargs(sg_device, max_version=VERSIONED, copy=np.True_))
+        assert not capsule_flags(capsule) & READ_ONLY and capsule_data(capsule) not in (0, t.data_ptr)
 
 
-def test_wrapping_a_scopegraph_tensor_keeps_it_frozen(sg_device: sg.Device) -> None:
-    """sg.Tensor.from_dlpack of a frozen scopegraph tensor: a frozen wrapper of the same bytes
-    (not a FrozenExportError, not a writable alias); of a mutable one: a writable wrapper."""
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"copy": "yes"}, {"copy": 1}, {"max_version": 1}, {"max_version": "1.0"}, {"max_version": [1, 0]}],
+    ids=["copy-str", "copy-int", "version-int", "version-str", "version-list"],
+)
+def test_odd_export_arguments_are_a_signature_error(sg_device: sg.Device, kwargs: dict[str, Any]) -> None:
+    for t in (weights(sg_device), sg_device.zeros((16,), name="x")):
+        with pytest.raises(sg.SignatureError, match=r"copy is None or a bool"):
+            t.__dlpack__(**export_kwargs(sg_device, **kwargs))
+
+
+def test_wrapping_a_scopegraph_tensor_keeps_exactly_its_frozen_bytes_frozen(sg_device: sg.Device) -> None:
+    """sg.Tensor.from_dlpack of a scopegraph tensor: a wrapper of the same bytes, no export (which a
+    frozen one refuses); its frozen bytes stay frozen through it, and nothing else becomes frozen
+    (a wrapper of a partly frozen view must not freeze the rest of the view)."""
     w = weights(sg_device)
     wrapped = sg.Tensor.from_dlpack(w, name="wrapped")
     assert wrapped.frozen and wrapped.data_ptr == w.data_ptr
     np.testing.assert_array_equal(wrapped.numpy(), np.arange(16, dtype=np.float32))
     x = sg_device.zeros((16,), name="x")
-    alias = sg.Tensor.from_dlpack(x, name="alias")
-    assert not alias.frozen and alias.data_ptr == x.data_ptr
+    x[4:8].freeze()
+    part = sg.Tensor.from_dlpack(x[2:6], name="part")
+    assert part.data_ptr == x[2:6].data_ptr and part[2:4].frozen and not part[0:2].frozen
+    assert not x[2:4].frozen
+    stream = sg_device.stream()
+    stream.run(sg.memset(x[2:4].mut(), 1.0))
+    stream.run(sg.memset(part[0:2].mut(), 2.0))
+    with pytest.raises(sg.BorrowError, match="frozen"):
+        sg.memset(part[2:4].mut(), 3.0)
+    np.testing.assert_array_equal(x.numpy()[:6], [0, 0, 2, 2, 0, 0])
 
 
 def test_the_error_survives_pickling() -> None:
-    error = sg.FrozenExportError.refusing("w", versioned=True)
+    error = sg.FrozenExportError.refusing("w", "dlpack")
     again = pickle.loads(pickle.dumps(error))
     assert type(again) is sg.FrozenExportError and str(again) == str(error)
 
@@ -143,7 +174,7 @@ def test_numpy_alias_of_a_frozen_tensor_is_read_only(host: sg.Device) -> None:
 
 
 def test_numpy_default_import_of_a_frozen_tensor_is_refused(host: sg.Device) -> None:
-    with pytest.raises(sg.FrozenExportError, match=r"without copy=False"):
+    with pytest.raises(sg.FrozenExportError, match=r"without copy=False or copy=True"):
         numpy_import(weights(host))
 
 
@@ -188,9 +219,11 @@ def test_torch_gets_no_writable_alias_of_a_frozen_tensor(cuda: sg.Device) -> Non
         torch.from_dlpack(w)
     alias = torch.from_dlpack(w, copy=False)  # the caller's explicit promise; the capsule says read-only
     assert alias.data_ptr() == w.data_ptr and alias.sum().item() == 120.0
-    copy = torch.from_dlpack(cuda.stream().run(sg.dup(w)))  # the help line's writable copy
+    copy = torch.from_dlpack(w, copy=True)  # the help line's writable copy
+    assert copy.data_ptr() != w.data_ptr
     copy += 1.0
     torch.cuda.synchronize()
+    assert copy.sum().item() == 136.0
     np.testing.assert_array_equal(w.numpy(), np.arange(16, dtype=np.float32))
 
 
@@ -202,6 +235,11 @@ def test_cupy_gets_no_writable_alias_of_a_frozen_tensor(cuda: sg.Device) -> None
         cp.from_dlpack(w)
     alias = cp.from_dlpack(w, copy=False)
     assert alias.data.ptr == w.data_ptr and float(alias.sum()) == 120.0
+    with pytest.raises(sg.FrozenExportError, match=r"through __cuda_array_interface__"):
+        cp.asarray(w)  # the interface's read-only field, which CuPy ignores
+    copy = cp.from_dlpack(w, copy=True)
+    copy += 1.0
+    assert copy.data.ptr != w.data_ptr and float(copy.sum()) == 136.0
     np.testing.assert_array_equal(w.numpy(), np.arange(16, dtype=np.float32))
 
 
@@ -221,7 +259,7 @@ def test_cupy_round_trips_a_mutable_tensor_without_a_copy(cuda: sg.Device) -> No
     cp = pytest.importorskip("cupy")
     x = cuda.zeros((16,), name="x")
     a = cp.from_dlpack(x)
-    assert a.data.ptr == x.data_ptr
+    assert a.data.ptr == x.data_ptr == cp.asarray(x).data.ptr
     a += 3.0
     cp.cuda.runtime.deviceSynchronize()
     assert x.numpy().tolist() == [3.0] * 16

@@ -48,9 +48,14 @@ def test_opting_in_to_more_shared_memory_is_kept_by_every_build_of_a_kernel() ->
     assert plain.max_shared_bytes == 48 * 1024
     with pytest.raises(SignatureError, match=r"opt in to more with @sg.kernel\(\.\.\., max_shared_bytes=N\)"):
         plain.generics(4)[1, 32, 48 * 1024 + 4]
-    for bad in (0, -1, True, 1.5, 227 * 1024 + 1):
+    for bad in (0, -1, True, np.True_, 1.5, 227 * 1024 + 1):
         with pytest.raises(SignatureError, match="max_shared_bytes"):
             sg.kernel(src, max_shared_bytes=bad)(staged)  # type: ignore[arg-type]
+    assert sg.kernel(src, max_shared_bytes=np.int64(65536))(staged).max_shared_bytes == 65536  # type: ignore[arg-type]
+    narrow = sg.kernel(src, max_shared_bytes=1024)(staged)  # less than 48 KiB is a limit too
+    assert narrow[1, 32, 1024].shmem == 1024
+    with pytest.raises(SignatureError, match=r"at most the 1024 bytes its declaration allows"):
+        narrow[1, 32, 4096]
 
 
 def test_generated_binder_keeps_every_argument_check(sg_device: sg.Device) -> None:

@@ -12,8 +12,6 @@ class StridedMemoryView:
     @classmethod
     def from_any_interface(cls, obj: object, stream_ptr: int | None = None) -> StridedMemoryView: ...
     @classmethod
-    def from_cuda_array_interface(cls, obj: object, stream_ptr: int | None = None) -> StridedMemoryView: ...
-    @classmethod
     def from_buffer(
         cls,
         buffer: Buffer,

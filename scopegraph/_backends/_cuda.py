@@ -51,7 +51,7 @@ from .._control import ControlNode, If, While, sg_condition
 from .._errors import CudaError, LaunchResourceError, ScopeGraphError, diagnostic
 from .._kernel import MAX_DYNAMIC_SHARED_BYTES, Kernel, KernelLaunch
 from .._lifetime import note_eager_use
-from .._ops import GraphNode, Join, Memcpy, Memset
+from .._ops import GraphNode, Join, Memcpy, Memset, dup
 from .._pdl import executable_deps
 from .._tensor import Tensor
 
@@ -121,7 +121,7 @@ class _CudaExecutable:
 
     def launch(self, stream: Stream) -> None:
         backend = self.backend
-        backend.make_current()
+        backend.keep_current()
         backend.last_work = (stream.last_work, stream)
         try:
             self.graph.launch(stream.native)  # type: ignore[arg-type]
@@ -144,7 +144,7 @@ class _CudaExecutable:
                 return  # an empty node (a join, or a 0-byte copy or fill): nothing to change
             view = self._views.get(index)
             if view is None:
-                backend.make_current()
+                backend.keep_current()
                 view = self._views[index] = self.graph[self.nodes[index]]
             if type(op) is KernelLaunch:
                 fn, config, args = op.native or backend.bound(op)
@@ -312,14 +312,20 @@ class CudaBackend:
         self._graveyard: collections.deque[tuple[list[Event], object]] = collections.deque()
 
     def make_current(self) -> None:
-        """Make this device's primary context current on the calling thread, unless scopegraph's
-        last switch on this thread was to it already. One record per thread, not per backend: with
-        two GPUs, the second one's switch must not leave the first believing it is still current
-        (its work would then run with the other GPU's context current). A context that another
-        library makes current on the thread is not seen; scopegraph switches back at its next switch."""
-        if getattr(_thread, "backend", None) is not self:
+        """Make this device's primary context current on the calling thread. Always switches:
+        another library (``torch.cuda.set_device``) may have made another GPU's context current
+        on this thread since, and allocations, copies to the host and graph builds act on the
+        current context."""
+        self.core.set_current()
+        _current.backend = self
+
+    def keep_current(self) -> None:
+        """make_current() for the hot paths (eager launches, graph replays, stream waits), which
+        name their stream and so act in its context: switches only when scopegraph's last switch
+        on this thread was to another GPU."""
+        if getattr(_current, "backend", None) is not self:
             self.core.set_current()
-            _thread.backend = self
+            _current.backend = self
 
     @contextlib.contextmanager
     def driver_call(self, operation: str) -> Iterator[None]:
@@ -422,7 +428,7 @@ class CudaBackend:
 
     def wait_stream(self, waiter: object, waited: object) -> None:
         """``waiter`` waits (with an event, not the host) for the work queued on ``waited`` so far."""
-        self.make_current()
+        self.keep_current()
         with self.driver_call("ordering two streams"):
             waiter.wait(waited)  # type: ignore[attr-defined]
 
@@ -461,7 +467,9 @@ class CudaBackend:
                 if kernel.max_shared_bytes > limit:  # it opts in to more (see sg.kernel)
                     limit = self.core.properties.max_shared_memory_per_block_optin
                     max_shared = min(kernel.max_shared_bytes, limit - static)
-                    _allow_dynamic_shared(fn, max_shared, self.core.device_id)
+                    # The GPU's whole limit, whatever this declaration asks: another declaration of
+                    # the same code shares the loaded kernel, and must not lower what it was given.
+                    _allow_dynamic_shared(fn, limit - static, self.core.device_id)
                 loaded = kernel.compiled[self] = _Loaded(
                     fn, attributes.max_threads_per_block, max_shared, static, attributes.num_regs, limit
                 )
@@ -489,7 +497,7 @@ class CudaBackend:
         return fn, config, args
 
     def run(self, op: GraphNode, stream: Stream) -> None:
-        self.make_current()
+        self.keep_current()
         native_stream = stream.native
         if op.borrows:
             note_eager_use(op.borrows, native_stream)
@@ -667,14 +675,21 @@ class CudaBackend:
         return int(self.memory_stream.handle)
 
     def dlpack(self, tensor: Tensor, stream: int | None, options: dict[str, Any]) -> object:
+        if options.get("copy"):
+            # cuda.core exports only aliases, so the copy is scopegraph's own: a new allocation that
+            # the capsule keeps alive (through the Buffer's owner), complete before it is exported.
+            setup = tensor.device.setup_stream
+            tensor = setup.run(dup(tensor, name=f"copy of {tensor.name}"))
+            setup.sync()
+            options = {**options, "copy": None}
         if stream is not None and stream != -1:
             consumer = CoreStream.from_handle(stream)
             for user in self._users_of(tensor.allocation):
                 self.wait_stream(consumer, user)
         elif stream is None:
             self.core.sync()  # DLPack's None: the consumer gives no stream, so the data must be complete
-        # cuda.core would drop the read-only flag from an unversioned capsule: Tensor.__dlpack__ has
-        # already refused those for frozen tensors.
+        # cuda.core would drop the read-only flag from an unversioned capsule: Tensor.__dlpack__
+        # refuses those for frozen tensors.
         view = StridedMemoryView.from_buffer(
             self._view(tensor), tensor.shape, dtype=tensor.dtype.numpy, is_readonly=tensor.frozen
         )
@@ -712,7 +727,7 @@ def _add_programmatic_edges(
 
 
 # The backend whose context scopegraph last made current on each thread (CudaBackend.make_current).
-_thread = threading.local()
+_current = threading.local()
 
 
 def _allow_dynamic_shared(fn: CoreKernel, nbytes: int, device_id: int) -> None:

@@ -239,8 +239,8 @@ class HostBackend:
         return None
 
     def dlpack(self, tensor: Tensor, stream: int | None, options: dict[str, Any]) -> object:
-        # numpy flags a read-only array's versioned (DLPack 1.x) capsule read-only; Tensor.__dlpack__
-        # has already refused the frozen exports that could not carry the flag.
+        # numpy flags a read-only array's versioned (DLPack 1.x) capsule read-only and makes the copy
+        # for copy=True; Tensor.__dlpack__ refuses the frozen exports that could not carry the flag.
         return _array(tensor, not tensor.frozen).__dlpack__(**options)
 
     def dlpack_device(self) -> tuple[int, int]:
