@@ -172,6 +172,30 @@ def test_a_kernel_that_opts_in_gets_more_than_48_kib_of_shared_memory(cuda: sg.D
     np.testing.assert_array_equal(replayed.numpy(), want)
 
 
+def test_two_declarations_of_one_kernel_keep_their_own_shared_memory_limits(cuda: sg.Device) -> None:
+    """Two declarations of the same code share one loaded kernel: the one that opts in to less must
+    not lower what the other was given (the driver would then refuse the other's launch)."""
+    big, small = (
+        sg.kernel(REVERSE_THROUGH_SHARED, touches={"out": "n", "x": "n"}, max_shared_bytes=nbytes)(
+            reverse_through_shared.__wrapped__
+        )
+        for nbytes in (150 * 1024, WIDE)
+    )
+    n = WIDE // 4
+    x = cuda.from_numpy(np.arange(n, dtype=np.float32))
+    out = cuda.zeros((n,), name="out")
+    stream = cuda.stream()
+    stream.run(big[1, 1024, 150 * 1024](out.mut(), x, n))
+    stream.run(small[1, 1024, WIDE](out.mut(), x, n))  # loaded second, opting in to less
+    stream.run(big[1, 1024, 150 * 1024](out.mut(), x, n))
+    with CudaGraph.scope(stream) as s:
+        s.record(big[1, 1024, 150 * 1024](out.mut(), x, n))
+    with s.graph as graph:
+        graph.launch()
+        graph.sync()
+    np.testing.assert_array_equal(out.numpy(), np.arange(n, dtype=np.float32)[::-1])
+
+
 def test_mixing_devices_is_a_signature_error(cuda: sg.Device) -> None:
     host = sg.device("host")
     with pytest.raises(sg.SignatureError, match="mixes devices"):
