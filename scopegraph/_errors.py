@@ -7,7 +7,7 @@ borrow or use that takes part, then a ``help:`` line.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Literal
 
 
 class ScopeGraphError(Exception):
@@ -30,7 +30,9 @@ class FrozenExportError(BorrowError, BufferError):
     is what DLPack producers raise for an export they cannot make."""
 
     @classmethod
-    def refusing(cls, tensor_name: str, via: str) -> FrozenExportError:
+    def refusing(
+        cls, tensor_name: str, via: Literal["dlpack", "dlpack 0.x", "__cuda_array_interface__"]
+    ) -> FrozenExportError:
         """The error for exporting frozen ``tensor_name`` ``via`` "dlpack" (a DLPack 1.x request),
         "dlpack 0.x" or "__cuda_array_interface__". Built here so that the exception keeps a plain
         message (picklable)."""

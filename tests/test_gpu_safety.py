@@ -187,6 +187,20 @@ def test_dlpack_export_orders_the_consumer_stream(cuda: sg.Device) -> None:
     assert total.item() == 4.0 * N
 
 
+def test_dlpack_copy_is_made_after_the_writes_queued_on_another_stream(cuda: sg.Device) -> None:
+    """copy=True while a slow kernel still writes the tensor on another stream: the copy (made by
+    scopegraph on its setup stream) holds what the kernel wrote."""
+    torch = pytest.importorskip("torch")
+    x = cuda.zeros((N,), name="x")
+    stream = cuda.stream()
+    stream.run(slow_fill[N // 256, 256](x.mut(), 4.0, N, CYCLES))
+    t = torch.from_dlpack(x, copy=True)
+    assert t.data_ptr() != x.data_ptr
+    total = t.sum()
+    torch.cuda.synchronize()
+    assert total.item() == 4.0 * N
+
+
 def test_dlpack_import_waits_for_the_producer(cuda: sg.Device) -> None:
     """Importing while torch's stream still writes: the wrapper is ready on every stream."""
     torch = pytest.importorskip("torch")

@@ -677,8 +677,11 @@ class CudaBackend:
     def dlpack(self, tensor: Tensor, stream: int | None, options: dict[str, Any]) -> object:
         if options.get("copy"):
             # cuda.core exports only aliases, so the copy is scopegraph's own: a new allocation that
-            # the capsule keeps alive (through the Buffer's owner), complete before it is exported.
+            # the capsule keeps alive (through the Buffer's owner), made after the work queued on the
+            # tensor on any stream, and complete before it is exported.
             setup = tensor.device.setup_stream
+            for user in self._users_of(tensor.allocation):
+                self.wait_stream(setup.native, user)
             tensor = setup.run(dup(tensor, name=f"copy of {tensor.name}"))
             setup.sync()
             options = {**options, "copy": None}
