@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 import scopegraph as sg
 from scopegraph import CudaGraph, library
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """The environment for a child Python process, with this scopegraph importable: a child that
+    runs a script (not ``-m``) or starts in another folder does not find an uninstalled checkout."""
+    root = str(Path(sg.__file__).resolve().parents[1])
+    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
+    return {**os.environ, "PYTHONPATH": path, **extra}
 
 
 def assert_stream_usable(stream: sg.Stream) -> None:

@@ -5,7 +5,6 @@ under torchrun."""
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import sys
@@ -19,6 +18,8 @@ import scopegraph as sg
 from scopegraph import CudaGraph, library
 from scopegraph._bootstrap import SingleBootstrap, SocketBootstrap
 from scopegraph._driver import cuda_device_count
+
+from .helpers import child_env
 
 ROOT = Path(__file__).resolve().parents[1]
 PROGRAM = ROOT / "tests" / "dist_program.py"
@@ -43,18 +44,19 @@ def run_ranks(
             stderr=subprocess.PIPE,
             text=True,
             cwd=ROOT,
-            env={
-                **os.environ,
-                "SCOPEGRAPH_DEVICE": "host",
-                "SCOPEGRAPH_BOOTSTRAP": "socket",
-                "RANK": str(r),
-                "LOCAL_RANK": str(r),
-                "WORLD_SIZE": str(n),
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": port,
-                "SCOPEGRAPH_DIST_TIMEOUT": "60",
-                **(env or {}),
-            },
+            env=child_env(
+                **{
+                    "SCOPEGRAPH_DEVICE": "host",
+                    "SCOPEGRAPH_BOOTSTRAP": "socket",
+                    "RANK": str(r),
+                    "LOCAL_RANK": str(r),
+                    "WORLD_SIZE": str(n),
+                    "MASTER_ADDR": "127.0.0.1",
+                    "MASTER_PORT": port,
+                    "SCOPEGRAPH_DIST_TIMEOUT": "60",
+                    **(env or {}),
+                }
+            ),
         )
         for r in range(n)
     ]
@@ -124,7 +126,7 @@ def test_the_demo_refuses_a_wrong_process_count() -> None:
         capture_output=True,
         text=True,
         timeout=60,
-        env={**os.environ, "SCOPEGRAPH_BOOTSTRAP": "single"},
+        env=child_env(SCOPEGRAPH_BOOTSTRAP="single"),
     )
     assert done.returncode == 2
     assert "--gpus 2 needs 2 processes" in done.stderr and "torchrun --nproc-per-node 2" in done.stderr
@@ -224,7 +226,7 @@ def test_a_two_process_program_on_two_gpus() -> None:
         pytest.skip("needs 2 GPUs")
     pytest.importorskip("torch")
     pytest.importorskip("nccl.core")
-    env = {**os.environ, "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+    env = child_env(NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1")
     env.pop("SCOPEGRAPH_DEVICE", None)
     done = subprocess.run(
         [

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -11,6 +10,8 @@ from pathlib import Path
 import pytest
 
 import scopegraph as sg
+
+from .helpers import child_env
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = {
@@ -88,7 +89,7 @@ def test_example_runs_and_shows_what_it_claims(name: str, sg_device: sg.Device) 
         capture_output=True,
         text=True,
         timeout=300,
-        env={**os.environ, "SCOPEGRAPH_DEVICE": str(sg_device)},
+        env=child_env(SCOPEGRAPH_DEVICE=str(sg_device)),
     )
     assert done.returncode == 0, done.stderr
     assert "NOT CAUGHT" not in done.stdout
@@ -106,6 +107,7 @@ def test_demo_runs_on_the_host_backend() -> None:
         capture_output=True,
         text=True,
         timeout=300,
+        env=child_env(),
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "validation:" in done.stdout and "OK" in done.stdout and "tokens/s" in done.stdout

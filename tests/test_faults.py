@@ -7,7 +7,6 @@ A sticky fault poisons the whole CUDA context, so each scenario runs in a child 
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -15,6 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from .helpers import child_env
 
 pytestmark = pytest.mark.cuda
 
@@ -89,9 +90,7 @@ report(
 
 
 def run_child(mode: str) -> tuple[dict[str, object], float, subprocess.CompletedProcess[str]]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
-    env["PYTHONUNBUFFERED"] = "1"
+    env = child_env(PYTHONUNBUFFERED="1")
     start = time.monotonic()
     try:
         proc = subprocess.run(

@@ -11,7 +11,6 @@ types, and CI runs exactly the second one.
 from __future__ import annotations
 
 import inspect
-import os
 import re
 import subprocess
 import sys
@@ -22,6 +21,8 @@ import pytest
 
 import scopegraph as sg
 from scopegraph import library
+
+from .helpers import child_env
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -106,8 +107,7 @@ def test_python_blocks_run_on_the_host_backend(tmp_path: Path) -> None:
         "    print(f'--- README.md:{line}', flush=True)\n"
         f"    exec(compile('\\n' * (line - 1) + code, {str(README)!r}, 'exec'), namespace)\n"
     )
-    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
-    env = {**os.environ, "SCOPEGRAPH_DEVICE": "host", "PYTHONPATH": path}
+    env = child_env(SCOPEGRAPH_DEVICE="host")
     done = subprocess.run(
         [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
     )

@@ -17,7 +17,7 @@ import pytest
 import scopegraph as sg
 from scopegraph import CudaGraph, library
 
-from .helpers import assert_stream_usable, pinned
+from .helpers import assert_stream_usable, child_env, pinned
 
 N = 64
 
@@ -210,6 +210,7 @@ def test_bench_update_suite_runs_on_the_host(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         timeout=300,
+        env=child_env(),
     )
     assert done.returncode == 0, done.stdout + done.stderr
     result = json.loads((tmp_path / "bench.json").read_text())["update"]
