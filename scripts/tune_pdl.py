@@ -52,6 +52,9 @@ class Case(NamedTuple):
 
 NO_BOUNDS = ("SG_MATVEC_BOUNDS=",)  # no register cap (2 matvec blocks an SM instead of 3)
 TWO_BLOCKS = ("SG_MATVEC_BOUNDS=__launch_bounds__(256,2)",)  # 2 matvec blocks an SM: 1 matrix on chip, not 1.5
+# 3/4 of each row in registers before the wait, 64 registers, 4 blocks an SM: both matvecs of a
+# layer resident at once (2048 + 2048 warps), the last quarter of each row loaded after the wait.
+THREE_QUARTERS = ("CHUNK=12", "SG_MATVEC_BOUNDS=__launch_bounds__(256,4)")
 
 # d=2048 x 22: what each case changes from the library's defaults. The baseline cases (with
 # --baseline) launch axpy with 256 threads, as the library did before AXPY_BLOCK.
@@ -66,6 +69,7 @@ CASES: list[Case] = [
     Case("4k, 2 matvec blocks an SM", "kernels", TWO_BLOCKS),
     Case("4k, second matvec 2 rows a warp", "kernels", second_rows=2),
     Case("4k, second matvec 4 rows a warp", "kernels", second_rows=4),
+    Case("4k, 3/4 of each row before the wait, 4 blocks an SM", "kernels", THREE_QUARTERS),
 ]
 TRACED = ("4k", "4k, second matvec 2 rows a warp")
 # d=512 x 22 (launch-bound: the weights nearly fit in L2).
@@ -141,6 +145,11 @@ def form_ops(model: LayerStack, case: Case, source: str | None = None) -> tuple[
     return ops, ks
 
 
+def _resources(dev: sg.Device, k: Kernel[Any]) -> str:
+    attributes = dev.backend._load(k).fn.attributes[dev.index]  # type: ignore[attr-defined]
+    return f"{k.cpp_name} {attributes.num_regs} regs, {attributes.local_size_bytes} B local"
+
+
 def graph(stream: sg.Stream, ops: list[Any], pdl: bool) -> CudaGraph:
     with CudaGraph.scope(stream, pdl=pdl) as s:
         for op in ops:
@@ -158,7 +167,9 @@ def run_size(dev: sg.Device, stream: sg.Stream, d: int, cases: list[Case], read_
     checks = {}
     graphs = []
     for case in cases:
-        ops, _ = form_ops(model, case)
+        ops, ks = form_ops(model, case)
+        if dev.is_cuda:  # registers, and local memory (spills), of each kernel as the case builds it
+            print(f"d={d:4} {case.label:<40} " + ", ".join(_resources(dev, k) for k in ks), flush=True)
         got = {}
         for pdl in (True, False):
             g = graph(stream, ops, pdl)
