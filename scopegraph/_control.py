@@ -72,6 +72,7 @@ from ._tensor import Mut, Tensor
 from ._tracker import ORDERS
 
 if TYPE_CHECKING:
+    from ._lifetime import Pin
     from ._stream import Stream
 
 T_co = TypeVar("T_co", covariant=True)
@@ -291,6 +292,8 @@ class Block(Generic[T_co]):
         self.where = where
         self.bodies: tuple[Body, ...] = ()
         self._entered = False
+        # The scope's pin before the bodies added to it: undone if the block raises.
+        self._pin_mark: tuple[Pin, tuple[int, int]] | None = None
 
     @property
     def location(self) -> str:
@@ -331,6 +334,9 @@ class Block(Generic[T_co]):
         self.flag.check_alive()
         kinds = {"while": ("loop body",), "if": ("then",), "if_else": ("then", "else")}[self.kind]
         self.bodies = tuple(Body(root, k, self.flag, self.where) for k in kinds)
+        # Body ops pin their memory as they are recorded (eager work on it from then on must come
+        # before the first replay), so a block that raises takes its pins back.
+        self._pin_mark = (root._pin, root._pin.mark())
         owner._inner = self
         self._entered = True
         if self.kind == "if_else":
@@ -345,7 +351,12 @@ class Block(Generic[T_co]):
         for body in self.bodies:
             body._close(loop=self.kind == "while")
         if exc_type is not None:
-            return  # the loop is not recorded; the owner stays usable (the scope abandons it if the error escapes)
+            # The loop is not recorded; the owner stays usable (the scope abandons it if the error
+            # escapes), and the graph pins nothing of it.
+            assert self._pin_mark is not None  # entered
+            pin, mark = self._pin_mark
+            pin.roll_back(mark)
+            return
         op: ControlNode
         if self.kind == "while":
             counter = None
@@ -418,11 +429,12 @@ class ControlNode(GraphNode):
         sizes = " | ".join(str(len(b.nodes)) for b in self.bodies)
         return f"{self.name}({self.flag.name}) [{sizes} nodes]"
 
-    def dot(self, prefix: str) -> list[str]:
-        """DOT lines drawing this node's bodies as clusters (``prefix`` is the node's own DOT name)."""
+    def dot(self, prefix: str, programmatic: bool) -> list[str]:
+        """DOT lines drawing this node's bodies as clusters (``prefix`` is the node's own DOT name;
+        ``programmatic``: whether the graph's edges between PDL kernels are programmatic)."""
         lines = [f"  {prefix} [shape=diamond];"]
         for body in self.bodies:
-            lines += _dot_body(prefix, body, "  ")
+            lines += _dot_body(prefix, body, "  ", programmatic)
         return lines
 
 
@@ -505,7 +517,7 @@ def _dot_escape(text: str) -> str:
     return text.replace("\\", "\\\\").replace('"', '\\"')
 
 
-def _dot_body(prefix: str, body: Body, indent: str) -> list[str]:
+def _dot_body(prefix: str, body: Body, indent: str, programmatic: bool) -> list[str]:
     cluster = f"{prefix}_{'else' if body.kind == 'else' else 'then' if body.kind == 'then' else 'body'}"
     lines = [
         f'{indent}subgraph "cluster_{cluster}" {{',
@@ -519,14 +531,17 @@ def _dot_body(prefix: str, body: Body, indent: str) -> list[str]:
         if isinstance(n.op, ControlNode):
             lines.append(f"{indent}  {name} [shape=diamond];")
             for inner in n.op.bodies:
-                lines += _dot_body(name, inner, indent + "  ")
+                lines += _dot_body(name, inner, indent + "  ", programmatic)
     lines.append(f"{indent}}}")
     for n in nodes:
-        if not n.deps:
-            lines.append(f"{indent}{prefix} -> {cluster}_{n.index} [style=dashed];")
+        if not n.deps:  # where the body starts: dotted (dashed is for programmatic edges)
+            lines.append(f"{indent}{prefix} -> {cluster}_{n.index} [style=dotted];")
         for d in sorted(n.deps):
             shared = _shared_tensors(nodes[d].op, n.op)
-            label = f' [label="{_dot_escape(shared)}"]' if shared else ""
+            attrs = [f'label="{_dot_escape(shared)}"'] if shared else []
+            if programmatic and d in n.programmatic:  # as the CUDA backend builds the body
+                attrs.append("style=dashed")
+            label = f" [{', '.join(attrs)}]" if attrs else ""
             lines.append(f"{indent}{cluster}_{d} -> {cluster}_{n.index}{label};")
     return lines
 

@@ -314,14 +314,16 @@ class CudaGraph:
 
     def to_dot(self, include_driver: bool = False) -> str:
         """A Graphviz DOT picture of the DAG: ops labelled with kernel and tensor names, edges with
-        the tensors that carry the dependency, programmatic edges dashed. ``include_driver=True``
+        the tensors that carry the dependency, programmatic edges dashed (in loop and branch bodies
+        too; a body's entry from its loop or branch node is dotted). ``include_driver=True``
         appends the CUDA driver's own dump of the graph (``cuGraphDebugDotPrint``) where there is a driver."""
         nodes = self.nodes
+        in_effect = bool(getattr(self.executable, "pdl", False))  # programmatic edges, as programmatic_edges
         lines = [f'digraph "graph{self.id}" {{', "  rankdir=TB;", '  node [shape=box, fontname="monospace"];']
         for n in nodes:
             lines.append(f'  n{n.index} [label="{_dot_escape(f"{n.index}: {n.op.label()}")}"];')
             if isinstance(n.op, ControlNode):  # a loop or branch: its bodies as clusters
-                lines += n.op.dot(f"n{n.index}")
+                lines += n.op.dot(f"n{n.index}", in_effect)
         programmatic = set(self.programmatic_edges)
         for n in nodes:
             for d in sorted(n.deps):

@@ -63,6 +63,19 @@ class Pin:
                     held[a.id] = a
                     a.pins[id(self)] = self
 
+    def mark(self) -> tuple[int, int]:
+        """Where the pin stands now (see :meth:`roll_back`)."""
+        return len(self.writes), len(self.allocations)
+
+    def roll_back(self, mark: tuple[int, int]) -> None:
+        """Unpin what was added since ``mark``: the ops of loop and branch bodies whose block
+        raised, which the graph will not hold (``allocations`` keeps insertion order)."""
+        writes, held = mark
+        del self.writes[writes:]
+        key = id(self)
+        for alloc_id in list(self.allocations)[held:]:
+            self.allocations.pop(alloc_id).pins.pop(key, None)
+
     def writes_to(self, start: int, end: int) -> bool:
         w = self.writes
         return any(w[i] < end and start < w[i + 1] for i in range(0, len(w), 2))

@@ -7,11 +7,13 @@ scopegraph.pytest_plugin``.
 Fixtures:
 
 - ``sg_device``: a Device, once per backend: ``host``, and ``cuda`` where a driver and GPU exist.
-  Tests using it run on every backend; the CUDA run is marked ``cuda`` and skips cleanly without
-  a driver. ``--sg-backend=host`` (or ``cuda``) restricts the run to one backend.
+  Tests using it run on every backend; the CUDA run is marked ``sg_cuda`` and skips cleanly
+  without a driver. ``--sg-backend=host`` (or ``cuda``) restricts the run to one backend.
 - ``sg_stream``: a new stream on ``sg_device``.
 
-Marker ``@pytest.mark.cuda``: the test needs a GPU; it is skipped where no driver is present.
+Marker ``@pytest.mark.sg_cuda``: the test needs a GPU; it is skipped where no driver is present.
+The marker is scopegraph's own (namespaced like the fixtures): a project's ``cuda`` marker, or any
+other, means what it meant before.
 
 Host replay order: the host backend replays graphs in a random valid topological order, so a
 missing dependency edge fails a test instead of hiding behind record order. The order generator
@@ -56,7 +58,7 @@ _session_seed = 0
 
 def pytest_configure(config: pytest.Config) -> None:
     global _session_seed
-    config.addinivalue_line("markers", "cuda: the test needs an NVIDIA driver and GPU; skipped without one")
+    config.addinivalue_line("markers", "sg_cuda: the test needs an NVIDIA driver and GPU; skipped without one")
     _session_seed = seed_replay_order(config.getoption("--sg-seed"))
 
 
@@ -79,12 +81,12 @@ def pytest_runtest_makereport(
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "sg_device" in metafunc.fixturenames:
         chosen = metafunc.config.getoption("--sg-backend") or BACKENDS
-        params = [pytest.param(b, marks=[pytest.mark.cuda] if b == "cuda" else [], id=b) for b in chosen]
+        params = [pytest.param(b, marks=[pytest.mark.sg_cuda] if b == "cuda" else [], id=b) for b in chosen]
         metafunc.parametrize("sg_device", params, indirect=True)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    if item.get_closest_marker("cuda") is not None and cuda_device_count() == 0:
+    if item.get_closest_marker("sg_cuda") is not None and cuda_device_count() == 0:
         pytest.skip("needs an NVIDIA driver and GPU (none found)")
     # Each test's orders depend only on the seed and the test, not on which tests ran before.
     seed_replay_order(_session_seed ^ zlib.crc32(item.nodeid.encode()))

@@ -232,7 +232,7 @@ def test_the_host_callable_gets_writable_writes_and_read_only_reads() -> None:
 # -- CUDA: PyTorch, CuPy, and the refusals the driver makes -------------------------------------
 
 
-@pytest.mark.cuda
+@pytest.mark.sg_cuda
 def test_torch_matmul_between_scopegraph_kernels() -> None:
     torch = pytest.importorskip("torch")
     dev = sg.device("cuda")
@@ -261,7 +261,7 @@ def test_torch_matmul_between_scopegraph_kernels() -> None:
     assert_stream_usable(stream)
 
 
-@pytest.mark.cuda
+@pytest.mark.sg_cuda
 def test_cupy_kernel_between_scopegraph_kernels() -> None:
     cupy = pytest.importorskip("cupy")
     dev = sg.device("cuda")
@@ -300,7 +300,7 @@ def _refused(stream: sg.Stream, body: Any, match: str, via: str = "cuda", views:
     assert_stream_usable(stream)
 
 
-@pytest.mark.cuda
+@pytest.mark.sg_cuda
 def test_cupy_allocation_during_capture_is_refused() -> None:
     cupy = pytest.importorskip("cupy")
     stream = sg.device("cuda").stream()
@@ -317,7 +317,7 @@ def test_cupy_allocation_during_capture_is_refused() -> None:
     )
 
 
-@pytest.mark.cuda
+@pytest.mark.sg_cuda
 def test_torch_allocation_during_capture_is_refused() -> None:
     torch = pytest.importorskip("torch")
     stream = sg.device("cuda").stream()
@@ -335,7 +335,7 @@ def test_torch_allocation_during_capture_is_refused() -> None:
     )
 
 
-@pytest.mark.cuda
+@pytest.mark.sg_cuda
 def test_a_capture_that_fails_is_refused() -> None:
     torch = pytest.importorskip("torch")
     stream = sg.device("cuda").stream()
@@ -353,7 +353,7 @@ def test_a_capture_that_fails_is_refused() -> None:
     )
 
 
-@pytest.mark.cuda
+@pytest.mark.sg_cuda
 def test_a_synchronising_call_in_a_cuda_capture_is_refused() -> None:
     stream = sg.device("cuda").stream()
 
@@ -364,7 +364,7 @@ def test_a_synchronising_call_in_a_cuda_capture_is_refused() -> None:
     _refused(stream, body, "the capture of captured region `bad` failed")
 
 
-@pytest.mark.cuda
+@pytest.mark.sg_cuda
 def test_work_left_on_another_stream_is_refused() -> None:
     from cuda.core import Device
 

@@ -220,7 +220,7 @@ def test_socket_bootstrap_times_out_without_peers() -> None:
 # -- two GPUs: the same program on NCCL, under torchrun ----------------------------------------
 
 
-@pytest.mark.cuda
+@pytest.mark.sg_cuda
 def test_a_two_process_program_on_two_gpus() -> None:
     if cuda_device_count() < 2:
         pytest.skip("needs 2 GPUs")

@@ -444,6 +444,42 @@ def test_aliasing_in_a_body_is_refused_at_the_users_line(
     assert_stream_usable(sg_stream)
 
 
+def test_a_loop_or_branch_that_raised_pins_nothing_in_the_graph(sg_device: sg.Device, sg_stream: sg.Stream) -> None:
+    """DESIGN.md section 2: a graph pins the tensors it touches. A loop or branch whose block
+    raised (the user caught the error and went on recording) is not in the graph, so what only its
+    bodies touched stays free to freeze and free; what the graph does touch stays pinned."""
+    flag = sg_device.from_numpy(np.array([1], np.int32), name="flag")
+    x, kept = sg_device.zeros((4,), name="x"), sg_device.zeros((4,), name="kept")
+    only_if, only_loop, only_inner = (sg_device.zeros((4,), name=n) for n in ("only_if", "only_loop", "only_inner"))
+    with CudaGraph.scope(sg_stream) as s:
+        s.record(library.fill_op(x.mut(), 1.0))
+        with pytest.raises(sg.BorrowError), s.if_(flag) as then:
+            then.record(library.fill_op(only_if.mut(), 2.0))
+            then.record(library.add_op(x.mut(), x, x))  # type: ignore[scopegraph-borrow]  # the runtime check
+        with pytest.raises(RuntimeError), s.while_(flag) as body:
+            body.record(library.fill_op(only_loop.mut(), 3.0))
+            raise RuntimeError("the user's own error")
+        with s.if_(flag) as outer:  # an inner block raises, the outer one is recorded
+            outer.record(library.fill_op(kept.mut(), 4.0))
+            with pytest.raises(RuntimeError), outer.while_(flag) as inner:
+                inner.record(library.fill_op(only_inner.mut(), 5.0))
+                raise RuntimeError("the user's own error")
+    graph = s.graph
+    assert len(graph.nodes) == 2
+    assert pinned(x) and pinned(kept)
+    for t in (only_if, only_loop, only_inner):
+        assert not pinned(t), t.name
+        t.freeze()
+        t.free()
+    with pytest.raises(sg.LifetimeError):
+        kept.free()
+    graph.launch()
+    graph.sync()
+    np.testing.assert_array_equal(kept.numpy(), np.full(4, 4.0, np.float32))
+    graph.close()
+    assert_stream_usable(sg_stream)
+
+
 class HostCallback(sg.GraphNode):
     """A node kind a CUDA conditional body cannot hold (like a host callback or an event node)."""
 
@@ -645,8 +681,9 @@ def test_dot_draws_bodies_as_clusters(sg_device: sg.Device, sg_stream: sg.Stream
     assert 'subgraph "cluster_n1_body_0_body" {' in dot  # the inner loop, nested in the outer cluster
     assert dot.index('"cluster_n1_body_0_body"') > dot.index('"cluster_n1_body"')
     assert 'n1_body_0_body_0 [label="0: add_scalar(mut x)"];' in dot
-    assert "n1 -> n1_body_0 [style=dashed];" in dot and 'n1_body_0 -> n1_body_1 [label="x"];' in dot
-    assert "n1 -> n1_body_2 [style=dashed];" in dot  # count_down(i) is a root of the body
+    assert "n1 -> n1_body_0 [style=dotted];" in dot and 'n1_body_0 -> n1_body_1 [label="x"];' in dot
+    assert "n1 -> n1_body_2 [style=dotted];" in dot  # count_down(i) is a root of the body
+    assert "dashed" not in dot  # programmatic edges only (none on the host backend)
     assert 'subgraph "cluster_n2_then" {' in dot and 'subgraph "cluster_n2_else" {' in dot
     assert 'label="else of go";' in dot
     assert "n1 -> n2" in dot  # x: the branch comes after the loop

@@ -9,7 +9,7 @@ import scopegraph as sg
 from scopegraph import CudaGraph, Mut, Tensor, library
 from scopegraph._cli.seed_model import Config, LayerStack, relative_error
 
-pytestmark = pytest.mark.cuda
+pytestmark = pytest.mark.sg_cuda
 
 
 @pytest.fixture

@@ -211,7 +211,7 @@ def cuda() -> sg.Device:
     return sg.device("cuda")
 
 
-@pytest.mark.cuda
+@pytest.mark.sg_cuda
 def test_torch_gets_no_writable_alias_of_a_frozen_tensor(cuda: sg.Device) -> None:
     torch = pytest.importorskip("torch")
     w = weights(cuda)
@@ -227,7 +227,7 @@ def test_torch_gets_no_writable_alias_of_a_frozen_tensor(cuda: sg.Device) -> Non
     np.testing.assert_array_equal(w.numpy(), np.arange(16, dtype=np.float32))
 
 
-@pytest.mark.cuda
+@pytest.mark.sg_cuda
 def test_cupy_gets_no_writable_alias_of_a_frozen_tensor(cuda: sg.Device) -> None:
     cp = pytest.importorskip("cupy")
     w = weights(cuda)
@@ -243,7 +243,7 @@ def test_cupy_gets_no_writable_alias_of_a_frozen_tensor(cuda: sg.Device) -> None
     np.testing.assert_array_equal(w.numpy(), np.arange(16, dtype=np.float32))
 
 
-@pytest.mark.cuda
+@pytest.mark.sg_cuda
 def test_torch_round_trips_a_mutable_tensor_without_a_copy(cuda: sg.Device) -> None:
     torch = pytest.importorskip("torch")
     x = cuda.zeros((16,), name="x")
@@ -254,7 +254,7 @@ def test_torch_round_trips_a_mutable_tensor_without_a_copy(cuda: sg.Device) -> N
     assert x.numpy().tolist() == [3.0] * 16
 
 
-@pytest.mark.cuda
+@pytest.mark.sg_cuda
 def test_cupy_round_trips_a_mutable_tensor_without_a_copy(cuda: sg.Device) -> None:
     cp = pytest.importorskip("cupy")
     x = cuda.zeros((16,), name="x")

@@ -17,7 +17,7 @@ import pytest
 
 from .helpers import child_env
 
-pytestmark = pytest.mark.cuda
+pytestmark = pytest.mark.sg_cuda
 
 REPO = Path(__file__).resolve().parent.parent
 TIMEOUT_S = 120

@@ -18,7 +18,7 @@ import pytest
 import scopegraph as sg
 from scopegraph import CudaGraph, Mut, Tensor, library
 
-pytestmark = pytest.mark.cuda
+pytestmark = pytest.mark.sg_cuda
 
 SPIN = """
 __device__ void spin(long long cycles) {

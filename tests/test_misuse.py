@@ -1105,7 +1105,7 @@ def test_misuse(case: Case, sg_device: sg.Device, sg_stream: sg.Stream, monkeypa
     run_case(case, sg_device, sg_stream, monkeypatch)
 
 
-@pytest.mark.cuda
+@pytest.mark.sg_cuda
 @pytest.mark.parametrize("case", CUDA_MISUSE.params())
 def test_misuse_cuda(case: Case, monkeypatch: pytest.MonkeyPatch) -> None:
     dev = sg.device("cuda")

@@ -438,7 +438,7 @@ def _gpu_with_pdl() -> sg.Device:
     return dev
 
 
-@pytest.mark.cuda
+@pytest.mark.sg_cuda
 def test_a_pdl_kernel_that_reads_before_its_wait_reads_stale_data() -> None:
     """The GPU catches what the source check (above) and the compile-time wait check cannot be
     relied on for: a kernel that waits, but reads its predecessor's output before the wait."""
@@ -472,7 +472,7 @@ def _late(s: sg.Scope, dst: Tensor, value: Tensor) -> None:
     s.record(slow_copy[1, 256](dst.mut(), value, dst.size, SPIN_NS))
 
 
-@pytest.mark.cuda
+@pytest.mark.sg_cuda
 def test_every_library_pdl_kernel_waits_for_a_slow_writer() -> None:
     """Each PDL kernel of the library runs right behind a predecessor that writes its inputs (all
     but the weights) only after spinning: a kernel that read them before its wait would see NaN."""
@@ -530,7 +530,7 @@ def _model_graph(form: str) -> CudaGraph:
     return s.graph
 
 
-@pytest.mark.cuda
+@pytest.mark.sg_cuda
 def test_fused_model_graph_has_programmatic_edges_in_the_driver() -> None:
     with _model_graph("fused") as g:
         driver = g.executable.driver_edges()  # type: ignore[attr-defined]
@@ -539,7 +539,30 @@ def test_fused_model_graph_has_programmatic_edges_in_the_driver() -> None:
         assert g.to_dot().count("style=dashed") == len(g.edges)
 
 
-@pytest.mark.cuda
+@pytest.mark.sg_cuda
+@pytest.mark.parametrize("pdl", [True, False])
+def test_programmatic_edges_in_a_loop_body_are_drawn_dashed(pdl: bool) -> None:
+    """The DOT picture draws an edge dashed exactly when it is programmatic, inside loop bodies too
+    (the CUDA backend builds a body's edges between PDL kernels as programmatic); a body's entry
+    from its loop node is dotted, never dashed."""
+    dev = _gpu_with_pdl()
+    flag, x = dev.from_numpy(np.array([1], np.int32), name="flag"), dev.zeros((256,), name="x")
+    with CudaGraph.scope(dev.stream(), pdl=pdl) as s, s.while_(flag, max_iterations=4) as body:
+        body.record(library.add_scalar_op(x.mut(), 1.0))
+        body.record(library.add_scalar_op(x.mut(), 2.0))
+        body.record(library.count_down_op(flag.mut()))
+    with s.graph as g:
+        dot = g.to_dot()
+        assert "n0 -> n0_body_0 [style=dotted];" in dot
+        want = 'n0_body_0 -> n0_body_1 [label="x", style=dashed];' if pdl else 'n0_body_0 -> n0_body_1 [label="x"];'
+        assert want in dot
+        assert dot.count("dashed") == (1 if pdl else 0)  # count_down is no PDL kernel
+        g.launch()
+        g.sync()
+        np.testing.assert_array_equal(x.numpy(), 3.0)
+
+
+@pytest.mark.sg_cuda
 def test_the_driver_graph_of_the_four_kernel_model_is_a_chain() -> None:
     """Its write-after-read edges skip back over the chain (x += b waits for the norm that read x);
     they are implied, so the executable graph leaves them out: a plain programmatic chain."""
@@ -550,7 +573,7 @@ def test_the_driver_graph_of_the_four_kernel_model_is_a_chain() -> None:
         assert len(g.edges) > len(driver) and {(a, b) for a, b, _ in driver} <= set(g.edges)
 
 
-@pytest.mark.cuda
+@pytest.mark.sg_cuda
 def test_an_implied_edge_into_an_early_load_stays_in_the_driver_graph() -> None:
     """matvec loads w before its wait. w's writer is implied by the chain 0 -> 1 -> 2, but node 1
     triggers its dependents at entry, so without the direct (full) edge 0 -> 2 the matvec could

@@ -435,7 +435,7 @@ def test_the_ptx_walk(entry: str, waits: bool) -> None:
 # -- on a GPU ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.cuda
+@pytest.mark.sg_cuda
 def test_recording_a_pdl_kernel_that_never_waits_fails_before_anything_is_built() -> None:
     dev = sg.device("cuda")
     if not getattr(dev.backend, "pdl", False):

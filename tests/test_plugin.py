@@ -23,6 +23,14 @@ def test_marked_cuda():
     pass
 """
 
+OWN_MARKER_TEST = """
+import pytest
+
+@pytest.mark.sg_cuda
+def test_needs_a_gpu():
+    pass
+"""
+
 ORDER_TEST = """
 import numpy as np
 import scopegraph as sg
@@ -53,9 +61,16 @@ def _pytest(tmp: Path, source: str, *args: str) -> subprocess.CompletedProcess[s
 
 
 def test_other_projects_keep_their_cuda_marker(tmp_path: Path) -> None:
+    """Issue 13: the plugin changes nothing for tests that use neither its fixtures nor its own
+    namespaced marker, with the plugin turned on too."""
     plain = _pytest(tmp_path, FOREIGN_TEST)
     assert "1 passed" in plain.stdout, plain.stdout
     opted_in = _pytest(tmp_path, FOREIGN_TEST, "-p", "scopegraph.pytest_plugin")
+    assert "1 passed" in opted_in.stdout, opted_in.stdout
+
+
+def test_the_plugins_own_marker_skips_without_a_gpu(tmp_path: Path) -> None:
+    opted_in = _pytest(tmp_path, OWN_MARKER_TEST, "-p", "scopegraph.pytest_plugin", "--strict-markers")
     expected = "1 passed" if cuda_device_count() else "1 skipped"
     assert expected in opted_in.stdout, opted_in.stdout
 

@@ -158,7 +158,7 @@ def test_soak_scopes_leave_nothing_behind(sg_device: sg.Device) -> None:
     w.free()
 
 
-@pytest.mark.cuda
+@pytest.mark.sg_cuda
 def test_soak_dropping_busy_memory_does_not_leak_or_corrupt() -> None:
     """Tensors and graphs dropped while their GPU work is still queued: the memory is reused only
     afterwards (results stay right), and the pool is back at its baseline once the device is idle."""
