@@ -13,6 +13,14 @@ bytes, graphs that write a range) consult the allocation's region, so they hold 
 the user passes. The region lookup is an interval search over a ``SortedDict`` of disjoint
 regions, made once when an allocation is created, never on the record path.
 
+A region's span can outlive the members that made it: when a wrapper is released its region keeps
+its span (and is marked ``stale``), since releases arrive from finalizers at any point of any code
+and must never change another allocation's ``region`` there. The next registration that touches a
+stale region first splits it into the connected groups of its live members (under the map's lock,
+where merges change regions too), so a new wrapper joins only wrappers whose bytes it overlaps,
+through live members, and never one that a dropped wrapper once bridged to. Splitting keeps every
+pair of overlapping live allocations in one region: it refuses nothing that overlaps.
+
 Who owns what: an owned allocation's storage (a cuda.core ``Buffer`` or a numpy array) is released
 by ``_lifetime`` once the allocation is freed or collected *and* the GPU work that used it has
 finished. Borrowed storage is never freed by scopegraph; the foreign object is kept alive until
@@ -42,7 +50,7 @@ _allocation_ids = itertools.count(1)
 class Region:
     """Live allocations whose address ranges overlap (transitively), and the span they cover."""
 
-    __slots__ = ("end", "frozen", "members", "start")
+    __slots__ = ("end", "frozen", "members", "stale", "start")
 
     def __init__(self, start: int, end: int) -> None:
         self.start = start
@@ -51,6 +59,9 @@ class Region:
         self.members: dict[int, weakref.ref[Allocation]] = {}
         # How many frozen ranges the members hold: the frozen check is skipped while it is 0.
         self.frozen = 0
+        # A member was released since the span was computed: the span may cover no live member's
+        # bytes, or bridge groups that no longer overlap (split on the next registration).
+        self.stale = False
 
     def allocations(self) -> list[Allocation]:
         return [a for ref in self.members.values() if (a := ref()) is not None]
@@ -74,6 +85,11 @@ class MemoryMap:
             self._apply_releases()
             regions = self._regions
             touching = overlapping(regions, start, end)
+            if any(r.stale for r in touching):
+                for r in touching:
+                    if r.stale:
+                        self._split(r)
+                touching = overlapping(regions, start, end)
             if not touching:
                 region = alloc.region
                 region.start, region.end = start, end
@@ -89,6 +105,28 @@ class MemoryMap:
                 alloc.region = region
             region.members[alloc.id] = weakref.ref(alloc)
             regions[region.start] = region
+
+    def _split(self, region: Region) -> None:
+        """Replace a stale region by the connected groups of its live members (under the lock)."""
+        del self._regions[region.start]
+        group: Region | None = None
+        for member in sorted(region.allocations(), key=lambda a: a.address):
+            start, end = member.address, member.address + member.nbytes
+            if group is None or start >= group.end:  # overlap as register() sees it: a shared byte
+                group = Region(start, end)
+                self._regions[start] = group
+            else:
+                group.end = max(group.end, end)
+            group.members[member.id] = weakref.ref(member)
+            group.frozen += len(member.frozen)
+            member.region = group
+
+    def freeze(self, alloc: Allocation, start: int, end: int) -> None:
+        """Make [start, end) of ``alloc`` read-only: under the lock, so the region's count of frozen
+        ranges agrees with its members' lists when register() merges or splits regions."""
+        with self._lock:
+            alloc.frozen.append((start, end))
+            alloc.region.frozen += 1
 
     def unregister(self, address: int, alloc_id: int, frozen: list[tuple[int, int]]) -> None:
         """Called when an allocation is released (it may already be garbage, so by id and address)."""
@@ -112,6 +150,8 @@ class MemoryMap:
             region.frozen -= len(frozen)
             if not region.members:
                 del regions[region.start]
+            else:
+                region.stale = True  # its span may now bridge members that do not overlap
 
     def __len__(self) -> int:
         return len(self._regions)

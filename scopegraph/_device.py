@@ -18,11 +18,11 @@ from . import _stream
 from ._allocation import Allocation, MemoryMap
 from ._driver import cuda_device_count
 from ._dtypes import DTypeLike, as_dtype, float32
-from ._errors import CudaError, SignatureError
+from ._errors import CudaError, SignatureError, diagnostic
 from ._lifetime import track
 from ._ops import _shape
 from ._stream import Stream
-from ._tensor import Tensor
+from ._tensor import Tensor, check_name
 
 if TYPE_CHECKING:
     from ._backends._base import Backend
@@ -68,6 +68,7 @@ class Device:
         self, shape: int | tuple[int, ...] | list[int], dtype: DTypeLike = float32, name: str | None = None
     ) -> Tensor:
         """A new, uninitialised tensor."""
+        check_name(name, "dev.empty()")
         dims, dt = _shape(shape), as_dtype(dtype)
         nbytes = math.prod(dims) * dt.itemsize  # Python ints: numpy's int64 would wrap silently
         if nbytes > MAX_ALLOCATION:
@@ -75,12 +76,25 @@ class Device:
                 f"a tensor of shape {dims} and dtype {dt.name} needs {nbytes} bytes, more than any device holds\n"
                 "help: check the shape; allocate what the program needs"
             )
-        storage, address = self.backend.allocate(nbytes)
+        try:
+            storage, address = self.backend.allocate(nbytes)
+        except MemoryError:
+            # The host backend's numpy allocation: reported as the CUDA backend reports a failed
+            # allocation (a CudaError with the driver's out-of-memory result).
+            raise CudaError(
+                f"allocating {nbytes} bytes on {self}",
+                "CUDA_ERROR_OUT_OF_MEMORY",
+                diagnostic(
+                    f"the {self} backend could not allocate {nbytes} bytes for a tensor of shape {dims} ({dt.name})",
+                    help="allocate less (check the shape), or free tensors the program no longer needs",
+                ),
+            ) from None
         return Tensor(self.adopt(storage, address, nbytes, name, borrowed=False), 0, dims, dt)
 
     def adopt(self, storage: object, address: int, nbytes: int, name: str | None, borrowed: bool) -> Allocation:
         """An Allocation for memory at ``address`` (owned, or borrowed from another library),
         registered by address and released by the lifetime rules."""
+        check_name(name, "a new tensor")
         alloc = Allocation(self, nbytes, storage, address, name, borrowed)
         track(alloc, self.memory)
         return alloc
@@ -88,8 +102,10 @@ class Device:
     def zeros(
         self, shape: int | tuple[int, ...] | list[int], dtype: DTypeLike = float32, name: str | None = None
     ) -> Tensor:
-        """A new tensor of zeros."""
-        return self.full(shape, 0, dtype, name)
+        """A new tensor of zeros (False for a bool tensor)."""
+        from ._ops import zeros
+
+        return self._run_setup(zeros(shape, dtype, name))
 
     def full(
         self,
@@ -119,7 +135,7 @@ class Device:
                 f"dev.from_numpy() takes a numpy array, not {type(array).__name__}\n"
                 "help: convert with numpy.asarray(...) first, or wrap a GPU array with sg.Tensor.from_dlpack"
             )
-        arr = np.ascontiguousarray(array)
+        arr = np.ascontiguousarray(array).reshape(array.shape)  # ascontiguousarray makes 0-d arrays 1-d
         tensor = self.empty(arr.shape, arr.dtype, name)
         self.backend.write(tensor, arr, stream)
         return tensor

@@ -11,7 +11,7 @@ from typing import Annotated, Any, TypeAlias, Union, get_args, get_origin
 
 import numpy as np
 
-from ._errors import SignatureError
+from ._errors import SignatureError, diagnostic
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,38 +46,72 @@ class DType:
         problem = ""
         if kind == "b":
             if not isinstance(value, (bool, np.bool_)):
-                problem = "sg.bool takes True or False"
+                problem = "bool takes True or False"
         elif not isinstance(value, (int, float, np.integer, np.floating, np.bool_)) or isinstance(
             value, (bool, np.bool_)
         ):
-            problem = f"sg.{self.name} takes {'a number' if kind == 'f' else 'an integer'}, not {type(value).__name__}"
+            problem = f"{self.spelling} takes {'a number' if kind == 'f' else 'an integer'}, not {type(value).__name__}"
         elif kind in "iu":
             if isinstance(value, (float, np.floating)) and not float(value).is_integer():
-                problem = f"sg.{self.name} holds integers only"
+                problem = f"{self.spelling} holds integers only"
             else:
                 low, high = _INT_RANGE[self.name]
                 if not low <= int(value) <= high:
-                    problem = f"sg.{self.name} holds {low}..{high}"
+                    problem = f"{self.spelling} holds {low}..{high}"
         else:
             try:
                 converted = float(value)
-            except OverflowError:
-                converted = float("inf")
-            with np.errstate(over="ignore"):
-                result = self.numpy.type(converted)
-            if np.isinf(result) and not np.isinf(converted):
-                problem = f"it overflows sg.{self.name} (largest {np.finfo(self.numpy).max})"
+            except OverflowError:  # an int beyond every float type (10**400): never inf, never -inf
+                problem = f"it overflows {self.spelling} (largest {np.finfo(self.numpy).max})"
             else:
-                return result  # type: ignore[no-any-return]
+                with np.errstate(over="ignore"):
+                    result = self.numpy.type(converted)
+                if np.isinf(result) and not (
+                    np.isinf(value) if isinstance(value, np.floating) else np.isinf(converted)
+                ):
+                    problem = f"it overflows {self.spelling} (largest {np.finfo(self.numpy).max})"
+                else:
+                    return result  # type: ignore[no-any-return]
         if problem:
+            shown = repr(value)
+            if type(value) is int and len(shown) > 40:  # 10**400: its 401 digits say nothing
+                shown = f"{'a negative' if value < 0 else 'an'} integer of {len(shown.lstrip('-'))} digits"
             raise SignatureError(
-                f"{what} is {value!r}, which sg.{self.name} cannot hold exactly: {problem}\n"
-                f"help: pass a value of the declared type, or declare a wider type than sg.{self.name}"
+                diagnostic(
+                    f"{what} is {shown}, which {self.spelling} cannot hold exactly: {problem}",
+                    help="pass True or False"
+                    if kind == "b"
+                    else f"pass a value of the declared type, or declare a wider type than {self.spelling}",
+                )
             )
         return self.numpy.type(value)  # type: ignore[no-any-return]
 
+    @property
+    def spelling(self) -> str:
+        """How messages name this type: its public name (``sg.f32``), or ``bool`` for the boolean
+        type, which has no ``sg.`` name (pass ``bool`` or ``numpy.bool_`` as a dtype)."""
+        return "bool" if self.name == "bool" else f"sg.{self.name}"
+
+    def __eq__(self, other: object) -> bool:
+        """Equal to the same dtype, and to the alias that names it: ``t.dtype == sg.f32`` (an
+        ``Annotated[float, float32]``) is ``t.dtype == sg.float32``; ``sg.f32 == t.dtype`` too,
+        through this reflected method. Anything else is not a dtype: NotImplemented."""
+        if other is self:
+            return True
+        if type(other) is DType:
+            return self.name == other.name and self.numpy == other.numpy and self.ctype == other.ctype
+        found = dtype_of_annotation(other)
+        if found is None:
+            return NotImplemented
+        return found is self or (self.name == found.name and self.numpy == found.numpy and self.ctype == found.ctype)
+
+    def __hash__(self) -> int:
+        # Equal DTypes hash alike. The aliases (sg.f32) compare equal but hash as typing objects:
+        # a dict keyed by dtypes should key by DType (sg.float32, or t.dtype), not by the aliases.
+        return hash((self.name, self.numpy, self.ctype))
+
     def __repr__(self) -> str:
-        return f"sg.{self.name}"
+        return self.spelling
 
 
 float16 = DType("f16", np.dtype(np.float16), "__half")
@@ -113,8 +147,8 @@ u32 = Annotated[int, uint32]
 u64 = Annotated[int, uint64]
 
 # What a user may pass where a dtype is expected: ``sg.f32`` (mypy sees ``type[float]``),
-# a DType, a numpy dtype or its name.
-DTypeLike: TypeAlias = Union[DType, type[float], type[int], type[bool], "np.dtype[Any]", str]
+# a DType, a numpy dtype, a numpy scalar type (``np.float32``, ``np.bool_``) or a name.
+DTypeLike: TypeAlias = Union[DType, type[float], type[int], type[bool], "type[np.generic]", "np.dtype[Any]", str]
 
 
 def dtype_of_annotation(annotation: object) -> DType | None:
@@ -135,11 +169,13 @@ def as_dtype(like: object) -> DType:
         return found
     try:
         return _BY_NUMPY[np.dtype(like)]  # type: ignore[call-overload]
-    except (TypeError, KeyError):
+    except Exception:  # numpy's parser raises TypeError, ValueError, even SyntaxError ("i4,,")
         pass
     if isinstance(like, str) and like in _BY_NAME:
         return _BY_NAME[like]
     raise SignatureError(
-        f"`{like!r}` is not a dtype scopegraph supports\n"
-        f"help: use one of {', '.join('sg.' + d.name for d in ALL_DTYPES)}"
+        diagnostic(
+            f"`{like!r}` is not a dtype scopegraph supports",
+            help=f"use one of {', '.join(d.spelling for d in ALL_DTYPES)} (or the numpy dtype of one of them)",
+        )
     )

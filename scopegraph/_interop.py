@@ -23,12 +23,13 @@ from ._device import device
 from ._dtypes import as_dtype
 from ._errors import ScopeGraphError, SignatureError, diagnostic
 from ._stream import Stream
-from ._tensor import Tensor
+from ._tensor import Tensor, check_name
 
 
 def tensor_from_foreign(obj: Any, name: str | None = None, stream: Stream | None = None) -> Tensor:
     """A borrowed Tensor over ``obj``'s memory (device memory, or host memory on the host backend).
     Read-only memory (a read-only numpy array, a read-only DLPack export) comes back frozen."""
+    check_name(name, "sg.Tensor.from_dlpack()")
     if stream is not None and not isinstance(stream, Stream):
         raise SignatureError(
             f"from_dlpack(stream=) takes a scopegraph Stream, not {type(stream).__name__}\n"

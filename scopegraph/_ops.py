@@ -15,7 +15,7 @@ import numpy as np
 from ._borrow import Borrow, check_borrows
 from ._dtypes import DType, DTypeLike, as_dtype, float32
 from ._errors import SignatureError, diagnostic
-from ._tensor import Mut, Tensor
+from ._tensor import Mut, Tensor, check_name
 
 if TYPE_CHECKING:
     from ._device import Device
@@ -276,12 +276,16 @@ class AllocationOp(Op[Tensor]):
 
 
 def _shape(shape: int | tuple[int, ...] | list[int]) -> tuple[int, ...]:
-    try:
-        dims = (
-            (operator.index(shape),)
-            if not isinstance(shape, (tuple, list))
-            else tuple(operator.index(d) for d in shape)
+    given = tuple(shape) if isinstance(shape, (tuple, list)) else (shape,)
+    if any(isinstance(d, (bool, np.bool_)) for d in given):  # ints to Python, but never meant as sizes
+        raise SignatureError(
+            diagnostic(
+                f"shape {shape!r} has a bool where a size goes",
+                help="pass sizes as ints, e.g. (1,) rather than (True,)",
+            )
         )
+    try:
+        dims = tuple(operator.index(d) for d in given)
     except TypeError:
         raise SignatureError(f"shape {shape!r} is not an int or a tuple of ints\nhelp: pass e.g. (16, 128)") from None
     if any(d < 0 for d in dims):
@@ -289,17 +293,25 @@ def _shape(shape: int | tuple[int, ...] | list[int]) -> tuple[int, ...]:
     return dims
 
 
+def _zero(dtype: DType) -> bool | int:
+    """The fill of ``zeros``: False for the boolean type (which takes only bools), else 0."""
+    return False if dtype.numpy.kind == "b" else 0
+
+
 def zeros(
     shape: int | tuple[int, ...] | list[int], dtype: DTypeLike = float32, name: str | None = None
 ) -> AllocationOp:
     """An allocation op: a new tensor filled with zeros. Run with ``stream.run``."""
-    return AllocationOp("zeros", _shape(shape), as_dtype(dtype), 0, name=name)
+    check_name(name, "sg.zeros()")
+    dt = as_dtype(dtype)
+    return AllocationOp("zeros", _shape(shape), dt, _zero(dt), name=name)
 
 
 def empty(
     shape: int | tuple[int, ...] | list[int], dtype: DTypeLike = float32, name: str | None = None
 ) -> AllocationOp:
     """An allocation op: a new, uninitialised tensor. Run with ``stream.run``."""
+    check_name(name, "sg.empty()")
     return AllocationOp("empty", _shape(shape), as_dtype(dtype), name=name)
 
 
@@ -307,17 +319,36 @@ def full(
     shape: int | tuple[int, ...] | list[int], value: float, dtype: DTypeLike = float32, name: str | None = None
 ) -> AllocationOp:
     """An allocation op: a new tensor with every element ``value``. Run with ``stream.run``."""
+    check_name(name, "sg.full()")
     dt = as_dtype(dtype)
     return AllocationOp("full", _shape(shape), dt, dt.scalar(value, "the fill value"), name=name)
 
 
 def dup(tensor: Tensor, name: str | None = None) -> AllocationOp:
     """An allocation op: a new tensor holding a copy of ``tensor``. Run with ``stream.run``."""
+    if not isinstance(tensor, Tensor):
+        raise SignatureError(
+            diagnostic(
+                f"sg.dup() copies a scopegraph Tensor, not {type(tensor).__name__}",
+                help="for a numpy array use sg.from_numpy(array) (or dev.from_numpy); "
+                "wrap another library's GPU array with sg.Tensor.from_dlpack first",
+            )
+        )
+    check_name(name, "sg.dup()")
     tensor.check_alive()
     return AllocationOp("dup", tensor.shape, tensor.dtype, source=tensor, name=name)
 
 
 def from_numpy(array: np.ndarray[Any, Any], name: str | None = None) -> AllocationOp:
     """An allocation op: a new tensor holding a copy of ``array``. Run with ``stream.run``."""
-    arr = np.ascontiguousarray(array)
+    check_name(name, "sg.from_numpy()")
+    if not isinstance(array, np.ndarray):
+        raise SignatureError(
+            diagnostic(
+                f"sg.from_numpy() takes a numpy array, not {type(array).__name__}",
+                help="copy a scopegraph tensor with sg.dup(t); convert anything else with numpy.asarray(...) first",
+            )
+        )
+    # ascontiguousarray makes a 0-d array 1-d: the reshape keeps its shape ().
+    arr = np.ascontiguousarray(array).reshape(array.shape)
     return AllocationOp("from_numpy", arr.shape, as_dtype(arr.dtype), source=arr, name=name)

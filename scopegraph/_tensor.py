@@ -96,8 +96,13 @@ class Tensor:
     def view(self, shape: tuple[int, ...] | list[int], name: str | None = None) -> Tensor:
         """The same memory with a new shape (same number of elements; ``-1`` infers one dim)."""
         self.check_alive()
+        if name is not None:
+            check_name(name, f"`{self.name}`.view()")
         try:
-            dims = [operator.index(d) for d in shape]
+            given = tuple(shape)
+            for d in given:
+                _refuse_bool(d, f"a dimension of the view {given!r} of `{self.name}`", "pass ints, e.g. t.view((1, 8))")
+            dims = [operator.index(d) for d in given]
         except TypeError:
             raise SignatureError(
                 f"cannot view `{self.name}` as {shape!r}: a shape is a tuple of ints\nhelp: pass e.g. t.view((16, 128))"
@@ -124,6 +129,8 @@ class Tensor:
         rows = self.shape[0]
         row_bytes = self.nbytes // rows if rows else 0
         if isinstance(index, slice):
+            for bound in (index.start, index.stop, index.step):
+                _refuse_bool(bound, f"a bound of the row slice of `{self.name}`", "slice rows with ints, e.g. t[2:5]")
             try:
                 start, stop, step = index.indices(rows)
             except (TypeError, ValueError):
@@ -143,6 +150,11 @@ class Tensor:
                 self._alloc, self.offset + start * row_bytes, (stop - start, *self.shape[1:]), self.dtype, label, self
             )
         if isinstance(index, (int, np.integer)):
+            _refuse_bool(
+                index,
+                f"the row index of `{self.name}`[{index!r}]",
+                "index rows with an int (t[1]); scopegraph has no boolean masks",
+            )
             i = int(index) + rows if index < 0 else int(index)
             if not 0 <= i < rows:
                 raise BoundsError(
@@ -185,8 +197,7 @@ class Tensor:
                             help="close the graph that writes it first (graph.close()), or freeze it before recording",
                         )
                     )
-        alloc.frozen.append((start, end))
-        alloc.region.frozen += 1
+        self.device.memory.freeze(alloc, start, end)
         return self
 
     @property
@@ -322,6 +333,23 @@ class Tensor:
         allocation to the ownership rules."""
         assert foreign_wrapper is not None, "scopegraph._interop registers the wrapper on import"
         return foreign_wrapper(obj, name, stream)
+
+
+def check_name(name: object, where: str) -> None:
+    """A tensor's ``name=`` is a str or None: error messages and DOT pictures print it."""
+    if name is not None and type(name) is not str:
+        raise SignatureError(
+            diagnostic(
+                f"{where} got name={name!r} ({type(name).__name__}); a tensor's name is a string",
+                help=f"pass name={str(name)!r}, or leave name out",
+            )
+        )
+
+
+def _refuse_bool(value: object, what: str, help: str) -> None:
+    """Sizes and indices are ints; a bool is an int to Python, but passing one is a mistake."""
+    if isinstance(value, (bool, np.bool_)):
+        raise SignatureError(diagnostic(f"{what} is the bool {value!r}, not an integer", help=help))
 
 
 T = TypeVar("T", bound=Tensor)

@@ -3,6 +3,7 @@ silent overflow on the host backend before its fix, and now checks the ScopeGrap
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -10,6 +11,8 @@ import pytest
 
 import scopegraph as sg
 from scopegraph import CudaGraph
+
+from .helpers import assert_stream_usable
 
 
 def test_zero_step_row_slice_raises_scopegraph_error() -> None:
@@ -127,3 +130,201 @@ def test_a_scalar_named_like_a_launch_size_is_refused_with_touches() -> None:
         def clash(out: sg.Mut[sg.Tensor], grid_x: sg.i32) -> None: ...
 
     assert "help:" in str(refused.value)
+
+
+def _refused(error: type[sg.ScopeGraphError], call: Any, match: str = "") -> str:
+    """``call()`` raises ``error`` (exactly that family, never a foreign exception) with a help line."""
+    with pytest.raises(error, match=match) as refused:
+        call()
+    message = str(refused.value)
+    assert "\nhelp: " in message, message
+    return message
+
+
+def test_dtype_aliases_compare_equal_to_their_dtypes() -> None:
+    """DESIGN.md section 1: "`t.dtype == sg.f32` is true for an f32 tensor, exactly as
+    `t.dtype == sg.float32` is". It was False (sg.f32 is ``Annotated[float, float32]``)."""
+    aliases = {
+        sg.f16: sg.float16,
+        sg.f32: sg.float32,
+        sg.f64: sg.float64,
+        sg.i8: sg.int8,
+        sg.i16: sg.int16,
+        sg.i32: sg.int32,
+        sg.i64: sg.int64,
+        sg.u8: sg.uint8,
+        sg.u32: sg.uint32,
+        sg.u64: sg.uint64,
+    }
+    for alias, dtype in aliases.items():
+        assert dtype == alias and alias == dtype
+        assert (dtype != alias, alias != dtype) == (False, False)
+        for other in aliases.values():
+            if other is not dtype:
+                assert other != alias and alias != other and (other == alias, alias == other) == (False, False)
+    t = sg.device("host").zeros((4,), sg.f32)
+    assert t.dtype == sg.f32 and sg.f32 == t.dtype and t.dtype != sg.i32 and t.dtype == sg.float32
+    assert t.dtype != "f32" and t.dtype != 3 and t.dtype != float  # only dtypes and their aliases
+    assert len({sg.float32, t.dtype, sg.int32}) == 2  # hashing follows equality among DTypes
+
+
+def test_a_huge_int_scalar_is_refused_not_made_infinite() -> None:
+    """DESIGN.md section 1: SignatureError for "a scalar its C type cannot hold exactly".
+    ``10**400`` for an f32 became inf (and ``-10**400`` became +inf: float()'s OverflowError was
+    turned into inf) in kernel arguments, fills, memsets and parameter defaults."""
+    from scopegraph import library
+
+    dev = sg.device("host")
+    stream = dev.stream()
+    x = dev.from_numpy(np.ones(4, np.float32), name="x")
+    y = dev.zeros((4,), name="y")
+    for huge in (10**400, -(10**400)):
+        message = _refused(sg.SignatureError, lambda h=huge: library.axpy[1, 32](y.mut(), x, h, 4), "overflows")
+        assert "sg.f32" in message and ("negative" in message) == (huge < 0)
+        _refused(sg.SignatureError, lambda h=huge: stream.run(sg.memset(y.mut(), h)), "overflows")
+        _refused(sg.SignatureError, lambda h=huge: dev.full((2,), h, sg.f64), "overflows sg.f64")
+        _refused(sg.SignatureError, lambda h=huge: sg.Param("a", sg.f32, h), "overflows")
+    assert np.isinf(dev.full((1,), float("-inf")).numpy()).all()  # an infinity asked for is kept
+    np.testing.assert_array_equal(y.numpy(), 0)
+    stream.run(library.axpy[1, 32](y.mut(), x, 2**100, 4))  # a big int a float holds (rounded)
+    np.testing.assert_array_equal(y.numpy(), np.float32(2**100))
+    assert_stream_usable(stream)
+
+
+def test_zeros_of_a_bool_tensor_are_false() -> None:
+    """DESIGN.md section 1: dev.zeros / sg.zeros take any supported dtype; for bool they refused
+    with "the fill value is 0, which sg.bool cannot hold exactly" (and sg.bool is no public name)."""
+    dev = sg.device("host")
+    stream = dev.stream()
+    for dtype in (np.bool_, bool, "bool"):
+        np.testing.assert_array_equal(dev.zeros((3,), dtype).numpy(), np.zeros(3, bool))
+        np.testing.assert_array_equal(stream.run(sg.zeros((2, 2), dtype)).numpy(), np.zeros((2, 2), bool))
+    message = _refused(sg.SignatureError, lambda: dev.full((2,), 2, bool), "bool cannot hold exactly")
+    assert "sg.bool" not in message  # there is no sg.bool to pass
+    assert repr(dev.zeros((1,), bool).dtype) == "bool"
+    assert_stream_usable(stream)
+
+
+def test_from_numpy_keeps_a_0d_shape() -> None:
+    """``dev.from_numpy(np.array(3.0, np.float32)).shape`` was (1,) (numpy's ascontiguousarray
+    makes 0-d arrays 1-d); sg.from_numpy too. A 0-d array stays 0-d, as dev.zeros(()) is."""
+    dev = sg.device("host")
+    stream = dev.stream()
+    a = np.array(3.0, np.float32)
+    for t in (dev.from_numpy(a), stream.run(sg.from_numpy(a))):
+        assert t.shape == () and t.nbytes == 4
+        assert t.numpy().shape == () and t.numpy() == 3.0
+
+
+def test_bad_constructor_arguments_are_signature_errors() -> None:
+    """DESIGN.md section 1: no foreign exception for bad input. ``sg.dup(np.zeros(3))`` raised
+    AttributeError, ``dev.zeros((2,), "i4,,")`` numpy's SyntaxError, and ``name=5`` was accepted,
+    to break graph.to_dot() later with a TypeError."""
+    dev = sg.device("host")
+    stream = dev.stream()
+    bad: Any = np.zeros(3)
+    _refused(sg.SignatureError, lambda: sg.dup(bad), "sg.dup")
+    _refused(sg.SignatureError, lambda: sg.from_numpy([1.0, 2.0]), "numpy array")  # type: ignore[arg-type]
+    _refused(sg.SignatureError, lambda: dev.zeros((2,), "i4,,"), "not a dtype")
+    _refused(sg.SignatureError, lambda: stream.run(sg.zeros((2,), "i4,,")), "not a dtype")
+    x = dev.zeros((4,), name="x")
+    name: Any = 5
+    for make in (
+        lambda: dev.zeros((4,), name=name),
+        lambda: dev.empty((4,), name=name),
+        lambda: dev.full((4,), 1.0, name=name),
+        lambda: dev.from_numpy(np.zeros(4, np.float32), name=name),
+        lambda: sg.zeros((4,), name=name),
+        lambda: sg.empty((4,), name=name),
+        lambda: sg.full((4,), 1.0, name=name),
+        lambda: sg.dup(x, name=name),
+        lambda: sg.from_numpy(np.zeros(4, np.float32), name=name),
+        lambda: x.view((2, 2), name=name),
+        lambda: sg.Tensor.from_dlpack(np.zeros(4, np.float32), name=name),
+    ):
+        _refused(sg.SignatureError, make, "name=5")
+    assert x.name == "x" and x.numpy().sum() == 0
+    assert_stream_usable(stream)
+
+
+def test_a_failed_host_allocation_is_an_out_of_memory_cuda_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """DESIGN.md section 1: no foreign exception for bad input. ``dev.zeros((2**40,))`` (4 TiB,
+    under the 2**48-byte limit) let numpy's MemoryError escape on the host backend; the CUDA
+    backend reports the same failure as a CudaError (CUDA_ERROR_OUT_OF_MEMORY)."""
+    dev = sg.device("host")
+    stream = dev.stream()
+
+    def no_memory(nbytes: int) -> tuple[object, int]:
+        raise MemoryError(f"Unable to allocate {nbytes} bytes")
+
+    with monkeypatch.context() as patch:  # numpy may overcommit: make the allocation fail for sure
+        patch.setattr(dev.backend, "allocate", no_memory)
+        makers: list[Callable[[], object]] = [lambda: dev.zeros((2**40,)), lambda: stream.run(sg.empty((2**30,)))]
+        for make in makers:
+            with pytest.raises(sg.CudaError) as refused:
+                make()
+            assert refused.value.result == "CUDA_ERROR_OUT_OF_MEMORY" and not refused.value.context_lost
+            assert "\nhelp: " in str(refused.value) and "host" in str(refused.value)
+    assert_stream_usable(stream)
+
+
+def test_bools_are_refused_as_sizes_and_row_indices() -> None:
+    """Grids, max_iterations and sg.Param refuse bools; shapes, views and row indices took True as 1
+    (``x[True]`` was row 1, where numpy reads a mask)."""
+    dev = sg.device("host")
+    stream = dev.stream()
+    x = dev.from_numpy(np.arange(8, dtype=np.float32).reshape(4, 2), name="x")
+    yes: Any = True
+    numpy_yes: Any = np.bool_(True)
+    for call in (
+        lambda: dev.zeros((yes,)),
+        lambda: dev.zeros(yes),
+        lambda: dev.empty((2, numpy_yes)),
+        lambda: stream.run(sg.zeros((yes, 2))),
+        lambda: x.view((yes, 8)),
+        lambda: x[yes],
+        lambda: x[yes:3],
+    ):
+        _refused(sg.SignatureError, call, "bool")
+    assert x[1].shape == (2,) and x.view((1, 8)).shape == (1, 8) and dev.zeros((1,)).shape == (1,)
+    np.testing.assert_array_equal(x.numpy(), np.arange(8).reshape(4, 2))
+    assert_stream_usable(stream)
+
+
+def test_a_wrapper_joins_only_wrappers_it_overlaps_after_one_is_dropped() -> None:
+    """DESIGN.md section 2: a graph pins the tensors it touches (and the wrappers of the same
+    memory). W1 = big[0:50] and W2 = big[25:75] made one region spanning 0..75; W2 was dropped but
+    the span stayed, so W3 = big[60:100], disjoint from W1, joined W1's region: a graph touching
+    only W3 pinned W1, and W1.free() raised LifetimeError."""
+    import gc
+
+    from scopegraph import library
+
+    dev = sg.device("host")
+    stream = dev.stream()
+    big = np.zeros(100, np.float32)
+    w1 = sg.Tensor.from_dlpack(big[0:50], name="w1")
+    w2 = sg.Tensor.from_dlpack(big[25:75], name="w2")
+    assert w1.allocation.region is w2.allocation.region
+    del w2
+    gc.collect()
+    w3 = sg.Tensor.from_dlpack(big[60:100], name="w3")
+    assert w1.allocation.region is not w3.allocation.region
+    with CudaGraph.scope(stream) as s:
+        s.record(library.fill_op(w3.mut(), 1.0))
+    with s.graph as graph:
+        assert not w1.allocation.pins and w3.allocation.pins
+        w1.free()  # the bug: LifetimeError, pinned by a graph that never touches it
+        graph.launch()
+        graph.sync()
+    np.testing.assert_array_equal(big[60:], 1.0)
+    # Overlaps still join through live wrappers: w4 bridges w3 and w5, and each is one memory.
+    w5 = sg.Tensor.from_dlpack(big[20:40], name="w5")
+    w4 = sg.Tensor.from_dlpack(big[30:70], name="w4")
+    assert w3.allocation.region is w4.allocation.region is w5.allocation.region
+    with pytest.raises(sg.BorrowError):
+        library.add_op(w4.mut(), w3, w3)  # overlapping wrappers within one op
+    w5.freeze()
+    with pytest.raises(sg.BorrowError, match="frozen"):
+        sg.memset(w4.mut(), 0.0)  # frozen through another wrapper of the same bytes
+    assert_stream_usable(stream)
