@@ -1,8 +1,9 @@
 """The command line: ``python -m scopegraph info | demo | bench`` (also installed as ``scopegraph``).
 
 The commands live in the private package ``scopegraph._cli``; this module only parses arguments.
-A user's mistake (a bad size, an unknown or missing device) ends with one line on stderr and exit
-status 2, never a traceback.
+A user's mistake (a bad size, a model too big for the memory, an unknown or missing device, an
+output directory that cannot be written, a launch environment that is not right) ends with one
+line on stderr (and a ``help:`` line where the error has one) and exit status 2, never a traceback.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from . import Device, ScopeGraphError, __version__, device
+from ._cli.args import UsageError, writable_dir
 
 DESCRIPTION = "scopegraph: safe, cheap CUDA graphs from Python. Run a command with --help for its options."
 
@@ -189,6 +191,14 @@ def _prog() -> str:
     return name if name == "scopegraph" else "python -m scopegraph"
 
 
+def _refuse(parser: Parser, error: UsageError) -> NoReturn:
+    """A mistake found after parsing, reported as argparse reports one; with the error's own
+    ``help:`` line instead of the pointer to --help when it has one."""
+    if error.help:
+        parser.exit(2, f"{parser.prog}: error: {error}\nhelp: {error.help}\n")
+    parser.error(str(error))
+
+
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser = build_parser(prog or _prog())
     args = parser.parse_args(argv)
@@ -204,15 +214,19 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         if args.command == "bench" and args.gpus is not None:
             from ._cli.bench._tp import main as tp_bench
 
-            return tp_bench(args.out, args.device, args.quick, args.gpus)
+            return tp_bench(writable_dir(args.out), args.device, args.quick, args.gpus)
         if args.command == "demo":
             from ._cli.demo import main as demo_main
 
             return demo_main(_device(args.parser, args.device), args.tokens, args.d, args.layers)
+        dev = _device(args.parser, args.device)
+        out = writable_dir(args.out)  # before the run, not after it
         from ._cli.bench import run
 
-        run(args.out, _device(args.parser, args.device), args.quick, args.only)
+        run(out, dev, args.quick, args.only)
         return 0
+    except UsageError as exc:
+        _refuse(args.parser, exc)
     except KeyboardInterrupt:
         print(f"{parser.prog}: interrupted", file=sys.stderr)
         return 130

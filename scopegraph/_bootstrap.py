@@ -22,7 +22,10 @@ arrives (it crashed, or it is running a different program) is an error, not a ha
 from __future__ import annotations
 
 import contextlib
+import errno
 import importlib
+import math
+import numbers
 import os
 import socket
 import struct
@@ -30,7 +33,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from ._errors import ScopeGraphError, diagnostic
+from ._errors import ScopeGraphError, SignatureError, diagnostic
 
 
 class DistributedError(ScopeGraphError):
@@ -50,11 +53,36 @@ class Bootstrap(Protocol):
 
 
 def default_timeout() -> float:
-    text = os.environ.get("SCOPEGRAPH_DIST_TIMEOUT", "")
-    try:
-        return float(text) if text else 120.0
-    except ValueError:
+    """``SCOPEGRAPH_DIST_TIMEOUT`` in seconds, 120 when it is not set."""
+    text = os.environ.get("SCOPEGRAPH_DIST_TIMEOUT", "").strip()
+    if not text:
         return 120.0
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise DistributedError(
+            f"SCOPEGRAPH_DIST_TIMEOUT={text!r} is not a timeout\n"
+            "help: set SCOPEGRAPH_DIST_TIMEOUT to a positive number of seconds (default 120), or unset it"
+        )
+    return seconds
+
+
+def check_timeout(timeout: object) -> float | None:
+    """``timeout=`` of init_distributed and the bootstraps: None (``SCOPEGRAPH_DIST_TIMEOUT``, or
+    120) or a positive, finite number of seconds."""
+    return None if timeout is None else _seconds(timeout)
+
+
+def _seconds(timeout: object) -> float:
+    seconds = float(timeout) if not isinstance(timeout, bool) and isinstance(timeout, numbers.Real) else math.nan
+    if not 0 < seconds < math.inf:
+        raise SignatureError(
+            f"timeout= takes a positive number of seconds or None, not {type(timeout).__name__} {timeout!r}\n"
+            "help: pass timeout=60.0 for a minute, or leave it out (SCOPEGRAPH_DIST_TIMEOUT, default 120 s)"
+        )
+    return seconds
 
 
 class SingleBootstrap:
@@ -102,11 +130,21 @@ class SocketBootstrap:
     kind = "socket"
 
     def __init__(self, rank: int, world_size: int, addr: str, port: int, timeout: float | None = None) -> None:
+        if world_size < 1:
+            raise DistributedError(
+                f"a world of {world_size} processes\nhelp: set WORLD_SIZE to the number of processes (at least 1)"
+            )
         if not 0 <= rank < world_size:
             raise DistributedError(f"rank {rank} is outside a world of {world_size}\nhelp: set RANK to 0..WORLD_SIZE-1")
+        if not 0 < port < 65536:
+            raise DistributedError(
+                f"port {port} is not a TCP port\n"
+                "help: set MASTER_PORT (or SCOPEGRAPH_BOOTSTRAP_PORT) to a free port in 1..65535, "
+                "the same on every rank"
+            )
         self.rank = rank
         self.world_size = world_size
-        self.timeout = default_timeout() if timeout is None else timeout
+        self.timeout = default_timeout() if timeout is None else _seconds(timeout)
         self.where = f"{addr}:{port}"
         self._peers: list[socket.socket] = []  # rank 0: the connection to rank r at index r - 1
         self._root: socket.socket | None = None
@@ -115,7 +153,10 @@ class SocketBootstrap:
         if world_size == 1:
             return
         if rank == 0:
-            listener = socket.create_server((addr, port), reuse_port=False)
+            try:
+                listener = socket.create_server((addr, port), reuse_port=False)
+            except OSError as exc:  # the address or the port: the launch environment, not the network
+                raise self._cannot_listen(exc) from None
             listener.settimeout(self.timeout)
             self._listener = listener
             peers: dict[int, socket.socket] = {}
@@ -134,20 +175,42 @@ class SocketBootstrap:
                 try:
                     conn = socket.create_connection((addr, port), timeout=self.timeout)
                     break
-                except OSError:
+                except OSError as exc:
                     if time.monotonic() > deadline:
-                        raise self._timeout("connecting to rank 0") from None
+                        raise self._timeout("connecting to rank 0", f"the last attempt: {exc}") from None
                     time.sleep(0.05)
             conn.settimeout(self.timeout)
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             conn.sendall(struct.pack("!I", rank))
             self._root = conn
 
-    def _timeout(self, what: str) -> DistributedError:
+    def _cannot_listen(self, exc: OSError) -> DistributedError:
+        """Rank 0 cannot listen on MASTER_ADDR:MASTER_PORT (a port in use, an address not of this machine)."""
+        if exc.errno == errno.EADDRINUSE:
+            hint = "set MASTER_PORT (or SCOPEGRAPH_BOOTSTRAP_PORT) to a free port, the same on every rank"
+            note = "another program, or an earlier run still ending, holds the port"
+        elif exc.errno == errno.EACCES:
+            hint = "set MASTER_PORT (or SCOPEGRAPH_BOOTSTRAP_PORT) to a free port above 1023, the same on every rank"
+            note = "ports below 1024 need privileges"
+        else:
+            hint = "set MASTER_ADDR to an address of rank 0's machine (127.0.0.1 when every rank runs on it)"
+            note = "rank 0 listens on MASTER_ADDR, so it must name this machine"
+        return DistributedError(
+            diagnostic(
+                f"rank 0 cannot listen on {self.where} for the other ranks: {exc.strerror or exc}",
+                [note],
+                help=hint,
+            )
+        )
+
+    def _timeout(self, what: str, last: str = "") -> DistributedError:
         return DistributedError(
             diagnostic(
                 f"rank {self.rank} of {self.world_size} timed out after {self.timeout:.0f} s {what} ({self.where})",
-                ["another rank crashed, was never started, or runs a different program (different collectives)"],
+                [
+                    "another rank crashed, was never started, or runs a different program (different collectives)",
+                    *([last] if last else []),
+                ],
                 help="start every rank with the same RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT (torchrun does), "
                 "and make every rank record the same collectives; SCOPEGRAPH_DIST_TIMEOUT sets the timeout",
             )
@@ -205,8 +268,18 @@ class TorchBootstrap:
 
         self._dist = dist
         if not dist.is_initialized():
-            seconds = default_timeout() if timeout is None else timeout
-            dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=seconds))
+            seconds = default_timeout() if timeout is None else _seconds(timeout)
+            try:
+                dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=seconds))
+            except (ValueError, RuntimeError) as exc:  # torch's env:// rendezvous: a variable missing, no rank 0
+                raise DistributedError(
+                    diagnostic(
+                        f"torch.distributed could not start: {str(exc).splitlines()[0] if str(exc) else exc!r}",
+                        ["it reads RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT, which torchrun sets"],
+                        help="launch with torchrun, or call torch.distributed.init_process_group yourself first, "
+                        "or use SCOPEGRAPH_BOOTSTRAP=socket",
+                    )
+                ) from exc
         self.rank = int(dist.get_rank())
         self.world_size = int(dist.get_world_size())
 
@@ -252,6 +325,7 @@ KINDS: Sequence[str] = ("torch", "mpi", "socket", "single")
 def from_env(kind: str | None = None, timeout: float | None = None) -> Bootstrap:
     """The bootstrap for this process (see the module docstring)."""
     env = os.environ
+    source = f"bootstrap={kind!r}" if kind else f"SCOPEGRAPH_BOOTSTRAP={env.get('SCOPEGRAPH_BOOTSTRAP')!r}"
     kind = kind or env.get("SCOPEGRAPH_BOOTSTRAP") or None
     if kind is None:
         if "TORCHELASTIC_RUN_ID" in env or "TORCHELASTIC_USE_AGENT_STORE" in env:
@@ -263,7 +337,7 @@ def from_env(kind: str | None = None, timeout: float | None = None) -> Bootstrap
         else:
             kind = "single"
     if kind not in KINDS:
-        raise DistributedError(f"SCOPEGRAPH_BOOTSTRAP={kind!r} is not a bootstrap\nhelp: use one of {', '.join(KINDS)}")
+        raise DistributedError(f"{source} is not a bootstrap\nhelp: use one of {', '.join(KINDS)}")
     if kind == "single":
         return SingleBootstrap()
     if kind == "torch":
@@ -280,15 +354,29 @@ def from_env(kind: str | None = None, timeout: float | None = None) -> Bootstrap
             raise DistributedError(
                 "the mpi bootstrap needs mpi4py\nhelp: install mpi4py, or use SCOPEGRAPH_BOOTSTRAP=socket"
             ) from exc
-    try:
-        rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
-        addr = env.get("MASTER_ADDR", "127.0.0.1")
-        port = int(env.get("SCOPEGRAPH_BOOTSTRAP_PORT") or env["MASTER_PORT"])
-    except (KeyError, ValueError) as exc:
+    port_name = "SCOPEGRAPH_BOOTSTRAP_PORT" if env.get("SCOPEGRAPH_BOOTSTRAP_PORT") else "MASTER_PORT"
+    rank, world, port = (_int_from_env(name) for name in ("RANK", "WORLD_SIZE", port_name))
+    if not 0 < port < 65536:
         raise DistributedError(
-            diagnostic(
-                f"the socket bootstrap needs RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT in the environment ({exc})",
-                help="launch with torchrun, or set them for each process",
-            )
-        ) from None
-    return SocketBootstrap(rank, world, addr, port, timeout)
+            f"{port_name}={env[port_name]!r} is not a TCP port\n"
+            f"help: set {port_name} to a free port in 1..65535, the same on every rank"
+        )
+    return SocketBootstrap(rank, world, env.get("MASTER_ADDR") or "127.0.0.1", port, timeout)
+
+
+def _int_from_env(name: str) -> int:
+    """A whole number from the environment variable ``name``, for the socket bootstrap."""
+    text = os.environ.get(name)
+    try:
+        if text is not None:
+            return int(text)
+    except ValueError:
+        pass
+    problem = "is not set" if text is None else f"is {text!r}, not a whole number"
+    raise DistributedError(
+        diagnostic(
+            f"the socket bootstrap needs RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT in the environment: {name} "
+            + problem,
+            help=f"launch with torchrun, or set {name} (and the others) for each process",
+        )
+    )

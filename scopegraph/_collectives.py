@@ -53,7 +53,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import _scope
-from ._bootstrap import Bootstrap, DistributedError, from_env
+from ._bootstrap import KINDS as BOOTSTRAPS
+from ._bootstrap import Bootstrap, DistributedError, check_timeout, from_env
 from ._borrow import Borrow
 from ._capture import ArrayOf, Captured, capture_stream
 from ._device import Device, device
@@ -510,20 +511,53 @@ def init_distributed(
     ``dev`` defaults to this rank's GPU, ``cuda:LOCAL_RANK`` (one process per GPU), when GPUs exist
     and ``SCOPEGRAPH_DEVICE`` does not say otherwise, else the host backend. A bare ``"cuda"`` also
     means this rank's GPU."""
-    boot = bootstrap if bootstrap is not None and not isinstance(bootstrap, str) else from_env(bootstrap, timeout)
+    timeout = check_timeout(timeout)
+    if bootstrap is None or isinstance(bootstrap, str):
+        boot = from_env(bootstrap, timeout)
+    elif all(hasattr(bootstrap, name) for name in ("rank", "world_size", "kind", "allgather", "close")):
+        boot = bootstrap
+    else:
+        raise SignatureError(
+            f"init_distributed(bootstrap=) takes a bootstrap's name or a Bootstrap, not {type(bootstrap).__name__} "
+            f"{bootstrap!r}\nhelp: pass one of {', '.join(BOOTSTRAPS)}, an object with rank, world_size, kind, "
+            "allgather() and close(), or leave it out to pick from the launcher's environment"
+        )
+    try:
+        return Communicator(device(_rank_device(dev, boot.rank)), boot, check_eager)
+    except BaseException:
+        if boot is not bootstrap:  # made here: let its port go
+            boot.close()
+        raise
+
+
+def _rank_device(dev: Device | str | None, rank: int) -> Device | str:
+    """The device of ``rank`` (see init_distributed): a bare "cuda" is this rank's GPU."""
     spec = (
         dev if dev is not None else os.environ.get("SCOPEGRAPH_DEVICE") or ("cuda" if cuda_device_count() else "host")
     )
     if isinstance(spec, str) and spec.strip().lower() == "cuda":
-        local = int(os.environ.get("LOCAL_RANK", boot.rank))
+        local = _local_rank(rank)
         count = cuda_device_count()
         if count and local >= count:
             raise DistributedError(
-                f"rank {boot.rank} (local rank {local}) has no GPU of its own: this machine has {count}\n"
+                f"rank {rank} (local rank {local}) has no GPU of its own: this machine has {count}\n"
                 "help: start at most one process per GPU (torchrun --nproc-per-node N with N <= the GPU count)"
             )
         spec = f"cuda:{local}"
-    return Communicator(device(spec), boot, check_eager)
+    return spec
+
+
+def _local_rank(rank: int) -> int:
+    """This process's index among the processes of its machine: ``LOCAL_RANK`` (torchrun sets it), else ``rank``."""
+    text = os.environ.get("LOCAL_RANK", "").strip()
+    if not text:
+        return rank
+    if not (text.isdigit() and text.isascii()):
+        raise DistributedError(
+            f"LOCAL_RANK={text!r} is not a process index\n"
+            "help: set LOCAL_RANK to this process's index on its machine (0, 1, ...; torchrun sets it), or unset it"
+        )
+    return int(text)
 
 
 def all_reduce(dst: Mut[Tensor], comm: Communicator, src: Tensor | None = None, op: str = "sum") -> Collective:

@@ -192,7 +192,7 @@ def _make_device(key: str, spec: str) -> Device:
         raise CudaError(
             f"selecting device {spec!r}",
             "CUDA_ERROR_NO_DEVICE" if count == 0 else "CUDA_ERROR_INVALID_DEVICE",
-            "no NVIDIA driver or GPU was found; use sg.device('host') (or sg.device()) to run on the host backend"
+            "no NVIDIA driver or GPU was found"  # CudaError adds what to do (see _errors.CUDA_ADVICE)
             if count == 0
             else f"this machine has {count} CUDA device(s): cuda:0..cuda:{count - 1}",
         )

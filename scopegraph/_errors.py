@@ -144,11 +144,34 @@ STICKY_RESULTS = frozenset(
 )
 
 
+# What a user can do about a failed driver call, by its CUresult: the help line of a CudaError
+# whose message does not bring its own. Results missing here are not the user's to fix.
+CUDA_ADVICE = {
+    "CUDA_ERROR_NO_DEVICE": "run on the host backend: sg.device('host'), or sg.device(), which picks it when no GPU "
+    "is found; `python -m scopegraph info` shows the driver and GPUs that scopegraph sees",
+    "CUDA_ERROR_INVALID_DEVICE": "name a GPU that exists (cuda:0 is the first); `python -m scopegraph info` lists them",
+    "CUDA_ERROR_OUT_OF_MEMORY": "free what is no longer needed (tensor.free(), graph.close()) or use smaller sizes; "
+    "nvidia-smi shows what other processes hold on the GPU",
+    "CUDA_ERROR_INSUFFICIENT_DRIVER": "update the NVIDIA driver, or install the cuda-bindings release of the driver's "
+    "CUDA version; `python -m scopegraph info` shows both",
+    "CUDA_ERROR_UNSUPPORTED_PTX_VERSION": "NVRTC is newer than the driver: update the NVIDIA driver, or install the "
+    "NVRTC of the driver's CUDA version; `python -m scopegraph info` shows both",
+    "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH": "the driver's kernel module and libcuda differ: reboot, or reinstall "
+    "the driver",
+    "CUDA_ERROR_DEVICES_UNAVAILABLE": "the GPU is busy or in exclusive-process mode, held by another process: use "
+    "another GPU (cuda:N) or end that process; nvidia-smi shows the compute mode and the processes",
+}
+
+
 class CudaError(ScopeGraphError):
     """A driver call failed. ``result`` is the CUresult name, ``operation`` what was being done;
-    ``context_lost`` is true after a sticky fault (the process must restart to use the GPU)."""
+    ``context_lost`` is true after a sticky fault (the process must restart to use the GPU).
+    The message ends with a ``help:`` line: ``help``, or else the advice for ``result`` (in
+    ``CUDA_ADVICE``), unless ``detail`` brings its own."""
 
-    def __init__(self, operation: str, result: str, detail: str = "", context_lost: bool = False) -> None:
+    def __init__(
+        self, operation: str, result: str, detail: str = "", context_lost: bool = False, help: str = ""
+    ) -> None:
         self.operation = operation
         self.result = result
         self.context_lost = context_lost or result in STICKY_RESULTS
@@ -160,6 +183,10 @@ class CudaError(ScopeGraphError):
                 "the CUDA context is lost: a kernel faulted, and every later CUDA call in this process fails\n"
                 "help: restart the process; run the failing kernel under compute-sanitizer to find the bad access"
             )
+        else:
+            advice = help or CUDA_ADVICE.get(result, "")
+            if advice and not any(line.startswith("help: ") for line in detail.splitlines()):
+                lines.append(f"help: {advice}")
         super().__init__("\n".join(lines))
 
     def __reduce__(self) -> tuple[Any, ...]:  # args holds the message only: rebuild from the fields

@@ -251,3 +251,64 @@ def test_missing_figures_read_the_same_in_every_table() -> None:
     assert model_line.split()[5:8] == ["-", "-", "-"]  # torch eager, torch graph, sg/torch
     assert " 0 " not in model_line
     assert "PyTorch is not installed" in table
+
+
+def assert_refused(code: int, out: str, err: str, message: str, lines: int = 1) -> None:
+    """Exit status 2, nothing run, ``lines`` lines on stderr (the error, and a help line), no traceback."""
+    assert code == 2, (code, out, err)
+    assert not out, out
+    assert err.count("\n") == lines and "Traceback" not in err, err
+    assert err.startswith("python -m scopegraph") and message in err, err
+
+
+def test_an_output_directory_that_cannot_be_written_is_refused_before_the_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a_file = tmp_path / "bench.txt"
+    a_file.write_text("not a directory")
+    for out_dir, reason in [
+        (a_file, "it is a file, not a directory"),
+        (a_file / "inside", "a part of the path is a file, not a directory"),
+    ]:
+        code, out, err = run_main(
+            ["bench", "--quick", "--only", "record", "--device", "host", "--out", str(out_dir)], capsys
+        )
+        assert_refused(code, out, err, f"argument --out: cannot write to {str(out_dir)!r}: {reason}")
+        assert "--help)" in err
+    code, out, err = run_main(["bench", "--gpus", "1", "--out", str(a_file)], capsys)
+    assert_refused(code, out, err, "argument --out: cannot write to")
+
+
+def test_a_model_too_big_for_the_memory_is_refused_in_one_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    argv = ["demo", "--device", "host", "--d", "100000000", "--layers", "1", "--tokens", "1"]
+    code, out, err = run_main(argv, capsys)
+    assert_refused(code, out, err, "a model of 1 layer at d=100000000 needs about")
+    assert "PiB of host memory" in err and "use a smaller --d or --layers" in err
+    # A size that passes the estimate but still runs out (numpy's MemoryError) is refused the same way.
+    from scopegraph._cli import demo
+
+    def out_of_memory(*args: object) -> None:
+        raise MemoryError("Unable to allocate 1.0 TiB")
+
+    monkeypatch.setattr(demo, "LayerStack", out_of_memory)
+    code, out, err = run_main(["demo", "--device", "host", "--d", "16", "--layers", "1", "--tokens", "1"], capsys)
+    assert code == 2 and "Traceback" not in err and err.count("\n") == 1, err
+    assert "a model of 1 layer at d=16 does not fit in host memory; use a smaller --d or --layers" in err
+
+
+def test_a_launch_environment_that_is_not_right_is_refused_with_its_help_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SCOPEGRAPH_BOOTSTRAP", "socket")
+    for name in ("RANK", "WORLD_SIZE", "MASTER_PORT", "SCOPEGRAPH_BOOTSTRAP_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    code, out, err = run_main(["demo", "--device", "host", "--gpus", "2"], capsys)
+    assert_refused(code, out, err, "demo: error: the socket bootstrap needs RANK", lines=2)
+    assert err.splitlines()[1].startswith("help: launch with torchrun")
+    if not HAS_GPU:
+        monkeypatch.setenv("SCOPEGRAPH_BOOTSTRAP", "single")
+        code, out, err = run_main(["demo", "--device", "cuda", "--gpus", "1"], capsys)
+        assert_refused(code, out, err, "argument --device: selecting device 'cuda:0' failed", lines=2)
+        assert err.splitlines()[1] == "help: the info command lists the GPUs here; or use --device host"

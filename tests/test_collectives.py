@@ -298,3 +298,62 @@ def test_nccl_calls_carry_pointers_counts_and_dtypes(monkeypatch: pytest.MonkeyP
         ("reduce_scatter", src.data_ptr, out.data_ptr, 6, 7, 4, "HANDLE", 0xABC),
         ("broadcast", src.data_ptr, out.data_ptr, 6, 7, 0, "HANDLE", 0xABC),
     ]
+
+
+# -- bad input and a bad launch environment: a ScopeGraphError that names what to fix ----------
+
+
+def test_init_distributed_refuses_arguments_of_the_wrong_type() -> None:
+    with pytest.raises(sg.SignatureError, match=r"takes a bootstrap's name or a Bootstrap, not int 5\nhelp: pass"):
+        sg.init_distributed("host", bootstrap=5)  # type: ignore[arg-type]
+    for timeout in ("x", 0, -1.0, float("nan"), float("inf"), True):
+        with pytest.raises(sg.SignatureError, match=r"timeout= takes a positive number of seconds(.|\n)*help: "):
+            sg.init_distributed("host", bootstrap="single", timeout=timeout)  # type: ignore[arg-type]
+    with pytest.raises(sg.DistributedError, match=r"bootstrap='tcp' is not a bootstrap\nhelp: use one of"):
+        sg.init_distributed("host", bootstrap="tcp")
+    assert sg.init_distributed("host", bootstrap="single", timeout=5).world_size == 1
+
+
+def _socket_env(monkeypatch: pytest.MonkeyPatch, **env: str) -> None:
+    """Rank 0 of 2 over the socket bootstrap, as torchrun would set it up, with ``env`` on top."""
+    for name in ("SCOPEGRAPH_BOOTSTRAP_PORT", "SCOPEGRAPH_DIST_TIMEOUT", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    base = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    for name, value in {**base, **env}.items():
+        monkeypatch.setenv(name, value)
+
+
+def test_the_socket_bootstrap_names_the_variable_to_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A busy or impossible port, an address not of this machine, a variable that is not a number:
+    each a DistributedError whose help line names the environment variable, never an OSError,
+    OverflowError or ValueError (and never a wait for the timeout)."""
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        _socket_env(monkeypatch, MASTER_PORT=str(busy.getsockname()[1]))
+        with pytest.raises(sg.DistributedError, match=r"cannot listen on 127\.0\.0\.1:\d+(.|\n)*help: set MASTER_PORT"):
+            sg.init_distributed("host", bootstrap="socket")
+    cases = [
+        ({"MASTER_PORT": "99999"}, r"MASTER_PORT='99999' is not a TCP port\nhelp: set MASTER_PORT"),
+        ({"SCOPEGRAPH_BOOTSTRAP_PORT": "0"}, r"SCOPEGRAPH_BOOTSTRAP_PORT='0' is not a TCP port\nhelp: set SCOPEGRAP"),
+        ({"MASTER_ADDR": "192.0.2.1"}, r"cannot listen on 192\.0\.2\.1:\d+(.|\n)*help: set MASTER_ADDR"),
+        ({"RANK": "first"}, r"RANK is 'first', not a whole number\nhelp: .*set RANK"),
+        ({"WORLD_SIZE": "0"}, r"a world of 0 processes\nhelp: set WORLD_SIZE"),
+        (
+            {"SCOPEGRAPH_DIST_TIMEOUT": "soon"},
+            r"SCOPEGRAPH_DIST_TIMEOUT='soon' is not a timeout\nhelp: set SCOPEGRAPH_DIS",
+        ),
+    ]
+    for env, message in cases:
+        _socket_env(monkeypatch, **env)
+        with pytest.raises(sg.DistributedError, match=message):
+            sg.init_distributed("host", bootstrap="socket")
+    _socket_env(monkeypatch, LOCAL_RANK="one")
+    with pytest.raises(sg.DistributedError, match=r"LOCAL_RANK='one' is not a process index\nhelp: set LOCAL_RANK"):
+        sg.init_distributed("cuda", bootstrap=SingleBootstrap())
+
+
+def test_the_tensor_parallel_demo_refuses_a_width_the_ranks_cannot_split() -> None:
+    ranks = run_ranks(["-m", "scopegraph", "demo", "--device", "host", "--gpus", "2", "--d", "65", "--layers", "1"])
+    for done in ranks:
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+        assert done.stderr.count("\n") == 1, done.stderr
+        assert "argument --d: d=65 does not split over 2 ranks" in done.stderr

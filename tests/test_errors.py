@@ -4,6 +4,7 @@ with nothing left pinned or recording, and the stream still usable afterwards.""
 from __future__ import annotations
 
 import pickle
+import re
 from collections.abc import Callable
 
 import numpy as np
@@ -367,3 +368,45 @@ def test_driver_errors_survive_pickling(error: sg.CudaError) -> None:
     again = pickle.loads(pickle.dumps(error))
     assert type(again) is type(error) and str(again) == str(error)
     assert (again.operation, again.result, again.context_lost) == (error.operation, error.result, error.context_lost)
+
+
+# -- CudaError: a help line where the user can act --------------------------------------------
+
+
+def test_a_driver_error_the_user_can_act_on_says_what_to_do() -> None:
+    """Every ScopeGraphError ends with what to do instead: a CudaError takes its help line from its
+    CUresult when the caller gives none, and keeps the caller's own when the detail has one."""
+    for result in ("CUDA_ERROR_NO_DEVICE", "CUDA_ERROR_INVALID_DEVICE", "CUDA_ERROR_OUT_OF_MEMORY"):
+        message = str(sg.CudaError("allocating 4 bytes on cuda:0", result, "the driver said no"))
+        assert message.splitlines()[-1].startswith("help: "), message
+    assert "tensor.free()" in str(sg.CudaError("allocating", "CUDA_ERROR_OUT_OF_MEMORY"))
+    own = str(sg.CudaError("launching `k`", "CUDA_ERROR_OUT_OF_MEMORY", "k failed\nhelp: launch fewer"))
+    assert own.count("help: ") == 1 and own.endswith("help: launch fewer")
+    given = str(sg.CudaError("selecting device 'cuda'", "CUDA_ERROR_NO_DEVICE", "no GPU", help="use the host"))
+    assert given.endswith("\nhelp: use the host")
+    sticky = str(sg.CudaError("launching `k`", "CUDA_ERROR_ILLEGAL_ADDRESS"))
+    assert sticky.count("help: ") == 1 and "restart the process" in sticky
+    again = pickle.loads(pickle.dumps(sg.CudaError("allocating", "CUDA_ERROR_OUT_OF_MEMORY")))
+    assert str(again) == str(sg.CudaError("allocating", "CUDA_ERROR_OUT_OF_MEMORY"))
+
+
+class _ForeignStream:
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, 0)
+
+
+@pytest.mark.parametrize(
+    "ask",
+    [lambda: sg.device("cuda"), lambda: sg.device("cuda:1"), lambda: sg.Stream.from_handle(_ForeignStream())],
+    ids=["device_cuda", "device_cuda_1", "stream_from_handle"],
+)
+def test_asking_for_a_gpu_without_one_says_what_to_do(ask: Callable[[], object]) -> None:
+    from scopegraph._driver import cuda_device_count
+
+    if cuda_device_count():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(sg.CudaError) as info:
+        ask()
+    message = str(info.value)
+    assert info.value.result == "CUDA_ERROR_NO_DEVICE"
+    assert re.search(r"^help: .*sg\.device\('host'\)", message, re.M), message

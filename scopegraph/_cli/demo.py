@@ -10,13 +10,17 @@ against as many launches of the one-token graph, checked identical and timed.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from .. import Device, Stream, While, memcpy, memset
+from .. import CudaError, Device, Stream, While, memcpy, memset
+from .args import UsageError, size_text
 from .progress import timed_loop
 from .seed_model import Config, LayerStack, reference_forward, relative_error
 
@@ -39,17 +43,83 @@ def default_size(dev: Device) -> Size:
     return SEED if dev.is_cuda else HOST
 
 
+def memory_needed(dev: Device, cfg: Config) -> tuple[int, int]:
+    """About how many bytes of host memory, and of GPU memory (0 on the host backend), the demo
+    needs at ``cfg``: the weights in numpy (and, on the host backend, again as tensors), and the
+    float64 copy of one matrix that the reference pass makes."""
+    device_bytes = cfg.weight_bytes + 8 * cfg.d * (cfg.n_layers + DECODE_MAX)  # + buffers, decode rows
+    host_bytes = cfg.weight_bytes + 8 * cfg.d * cfg.d
+    return (host_bytes + device_bytes, 0) if dev.is_host else (host_bytes, device_bytes)
+
+
+def _physical_memory() -> int | None:
+    """This machine's RAM in bytes, None where the OS does not say."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def _gpu_memory(dev: Device) -> int | None:
+    from .info import probe_driver
+
+    gpus = {gpu.index: gpu.memory_bytes for gpu in probe_driver().gpus}
+    return gpus.get(dev.index)
+
+
+def too_big(cfg: Config, what: str, need: int | None = None, have: int | None = None) -> UsageError:
+    """The refusal of a model too big for ``what`` memory ("host", or a GPU's name)."""
+    size = f"a model of {cfg.n_layers} layer{'s' * (cfg.n_layers != 1)} at d={cfg.d}"
+    if need is not None and have is not None:
+        problem = f"needs about {size_text(need)} of {what} memory, more than the {size_text(have)} there is"
+    else:
+        problem = f"does not fit in {what} memory"
+    return UsageError(f"arguments --d/--layers: {size} {problem}; use a smaller --d or --layers")
+
+
+def check_fits(dev: Device, cfg: Config) -> None:
+    """Refuse (UsageError) a size whose weights cannot fit in this machine's memory or its GPU's."""
+    host_need, gpu_need = memory_needed(dev, cfg)
+    have = _physical_memory()
+    if have is not None and host_need > have:
+        raise too_big(cfg, "host", host_need, have)
+    if gpu_need:
+        have = _gpu_memory(dev)
+        if have is not None and gpu_need > have:
+            raise too_big(cfg, str(dev), gpu_need, have)
+
+
 def main(dev: Device, tokens: int | None = None, d: int | None = None, n_layers: int | None = None) -> int:
-    """Run the demo; 0 when the graph's output validates, 1 when it does not."""
+    """Run the demo; 0 when the graph's output validates, 1 when it does not. A size that does
+    not fit in memory raises UsageError (before anything runs, where it can be told)."""
     default = default_size(dev)
     cfg = Config(d=default.d if d is None else d, n_layers=default.layers if n_layers is None else n_layers)
     tokens = default.tokens if tokens is None else tokens
+    check_fits(dev, cfg)
+    with refusing_oom(dev, cfg):
+        return _run(dev, cfg, tokens, d is None)
+
+
+@contextlib.contextmanager
+def refusing_oom(dev: Device, cfg: Config) -> Iterator[None]:
+    """Running out of host or GPU memory, which check_fits cannot always foresee, is a UsageError too."""
+    try:
+        yield
+    except MemoryError:
+        raise too_big(cfg, "host") from None
+    except CudaError as exc:
+        if exc.result != "CUDA_ERROR_OUT_OF_MEMORY":
+            raise
+        raise too_big(cfg, str(dev)) from None
+
+
+def _run(dev: Device, cfg: Config, tokens: int, default_width: bool) -> int:
     print(
         f"scopegraph demo on {dev}: {cfg.n_layers} layers of RMSNorm -> Q matvec -> O matvec -> residual add, d={cfg.d}"
     )
     if dev.is_host:
         print("  host backend: numpy stands in for the GPU, so the timings below mean nothing")
-        if d is None:
+        if default_width:
             print(
                 f"  (host default width d={HOST.d}; the seed's model is d={SEED.d}: "
                 f"pass --d {SEED.d} for the full size)"

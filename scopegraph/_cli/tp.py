@@ -23,7 +23,19 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from .. import Communicator, CudaGraph, GraphNode, Stream, init_distributed, library, memcpy
+from .. import (
+    Communicator,
+    CudaError,
+    CudaGraph,
+    GraphNode,
+    ScopeGraphError,
+    Stream,
+    init_distributed,
+    library,
+    memcpy,
+)
+from .args import UsageError
+from .demo import check_fits, refusing_oom
 from .progress import timed_loop
 from .seed_model import Config, LayerStack, make_weights, reference_forward, relative_error
 
@@ -223,9 +235,33 @@ def ranks_match(comm: Communicator, gpus: int, command: str) -> bool:
     return False
 
 
+def start(spec: str | None) -> Communicator:
+    """``init_distributed(spec)`` for the command line: a launch that is not right (a variable of
+    the launcher's environment missing, a busy port, no GPU) is a UsageError, its help line kept."""
+    try:
+        return init_distributed(spec)
+    except CudaError as exc:  # as __main__ refuses a device it cannot have
+        where = "argument --device" if spec is not None else "this rank's GPU"
+        hint = "the info command lists the GPUs here; or use --device host"
+        raise UsageError(f"{where}: {str(exc).splitlines()[0]}", hint) from None
+    except ScopeGraphError as exc:
+        raise UsageError.from_error(exc) from None
+
+
+def check_split(widths: list[int], world: int, option: str) -> None:
+    """Every model width must split evenly over the ranks (d / N rows of wq on each)."""
+    bad = [d for d in widths if d % world]
+    if bad:
+        raise UsageError(
+            f"argument {option}: d={bad[0]} does not split over {world} ranks; "
+            + ("pass a --d that is a multiple of the rank count" if option == "--d" else "use 1, 2, 4 or 8 GPUs")
+        )
+
+
 def demo(spec: str | None, tokens: int | None, d: int | None, n_layers: int | None, gpus: int) -> int:
-    """``python -m scopegraph demo --gpus N``: 0 when the split model's tokens equal the single-GPU model's."""
-    comm = init_distributed(spec)
+    """``python -m scopegraph demo --gpus N``: 0 when the split model's tokens equal the single-GPU model's.
+    A size the ranks cannot split, or one too big for the memory, raises UsageError."""
+    comm = start(spec)
     try:
         if not ranks_match(comm, gpus, "demo"):
             return 2
@@ -233,6 +269,8 @@ def demo(spec: str | None, tokens: int | None, d: int | None, n_layers: int | No
         host = dev.is_host
         cfg = Config(d=d or (256 if host else 2048), n_layers=n_layers or 22)
         tokens = tokens or (32 if host else 512)
+        check_split([cfg.d], comm.world_size, "--d")
+        check_fits(dev, cfg)
         if comm.rank == 0:
             print(
                 f"scopegraph demo, tensor parallel over {comm.world_size} ranks ({comm.bootstrap.kind} bootstrap, "
@@ -244,7 +282,8 @@ def demo(spec: str | None, tokens: int | None, d: int | None, n_layers: int | No
                     "  host backend: numpy stands in for the GPUs and the bootstrap for NCCL, "
                     "so the timings mean nothing"
                 )
-        figures = measure(comm, cfg, tokens)
+        with refusing_oom(dev, cfg):
+            figures = measure(comm, cfg, tokens)
         if comm.rank == 0:
             for line in report(figures):
                 print(line)

@@ -9,9 +9,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from ... import init_distributed
 from ..seed_model import Config
-from ..tp import TOLERANCE, measure, ranks_match
+from ..tp import TOLERANCE, check_split, measure, ranks_match, start
 from ._timing import environment
 
 
@@ -34,12 +33,13 @@ def format_rows(r: dict[str, Any]) -> list[str]:
 
 
 def main(out_dir: Path, spec: str | None, quick: bool, gpus: int) -> int:
-    comm = init_distributed(spec)
+    comm = start(spec)
     try:
         if not ranks_match(comm, gpus, "bench"):
             return 2
         dev = comm.device
         sizes = [(256, 4)] if dev.is_host else ([(2048, 22)] if quick else [(512, 22), (2048, 22)])
+        check_split([d for d, _ in sizes], comm.world_size, "--gpus")
         tokens = 16 if dev.is_host else (128 if quick else 512)
         rows = []
         for d, layers in sizes:
