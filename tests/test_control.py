@@ -112,6 +112,28 @@ def test_a_runaway_loop_stops_at_max_iterations_with_a_clear_error(sg_device: sg
     assert_stream_usable(sg_stream)
 
 
+def test_two_runaway_loops_in_one_replay_are_reported_once(sg_device: sg.Device, sg_stream: sg.Stream) -> None:
+    """Both loops overrun in one replay (on a GPU both run to their bounds): the sync reports it,
+    and once the flags are cleared the next replay and sync report nothing."""
+    first, second, x = i32(sg_device, 1, "first"), i32(sg_device, 1, "second"), sg_device.zeros((4,), name="x")
+    with CudaGraph.scope(sg_stream) as s:
+        with s.while_(first, max_iterations=2) as body:
+            body.record(library.add_scalar_op(x.mut(), 1.0))
+        with s.while_(second, max_iterations=3) as body:
+            body.record(library.add_scalar_op(x.mut(), 1.0))
+    graph = s.graph
+    with pytest.raises(sg.LoopLimitError, match="while\\(first\\)"):
+        graph.launch()
+        graph.sync()
+    graph.sync()
+    graph.update(sg.memset(first.mut(), 0))
+    graph.update(sg.memset(second.mut(), 0))
+    graph.launch()
+    graph.sync()  # nothing left over from the first replay
+    graph.close()
+    assert_stream_usable(sg_stream)
+
+
 @pytest.mark.parametrize("n", [0, 1, 3])
 def test_max_iterations_equal_to_the_count_is_no_error(sg_device: sg.Device, sg_stream: sg.Stream, n: int) -> None:
     flag, x = sg_device.zeros((1,), sg.i32, name="n"), sg_device.zeros((2,), name="x")

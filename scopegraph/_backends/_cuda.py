@@ -187,12 +187,12 @@ class _CudaExecutable:
     bounded: tuple[While, ...] = ()
 
     def after_sync(self) -> None:
-        for loop in self.bounded:
-            counter = loop.counter
-            assert counter is not None
-            if counter.numpy()[1]:
-                self.backend.write(counter, np.zeros(2, np.int32), None)
-                raise loop.limit_error(0)
+        overrun = [loop for loop in self.bounded if loop.counter is not None and loop.counter.numpy()[1]]
+        for loop in overrun:  # each one reported once: all reset, the first one raised
+            assert loop.counter is not None
+            self.backend.write(loop.counter, np.zeros(2, np.int32), None)
+        if overrun:
+            raise overrun[0].limit_error(0)
 
     # Whether edges between PDL kernels are programmatic in this graph (sm_90+; scopegraph._pdl).
     pdl = False
