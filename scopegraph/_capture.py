@@ -62,7 +62,7 @@ import contextlib
 import importlib
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -71,6 +71,7 @@ import numpy as np
 from . import _scope
 from ._borrow import Borrow
 from ._errors import (
+    BoundsError,
     NoHostReferenceError,
     NotAGraphNodeError,
     ScopeGraphError,
@@ -119,13 +120,10 @@ class Captured(GraphNode):
         self.label_name = name
         self.where = where
         what = f"capture `{name}`"
-        given: tuple[object, object] = (writes, reads)
-        if any(isinstance(g, (Mut, Tensor)) for g in given):
-            raise SignatureError(
-                f"{what}: reads= and writes= take lists of tensors\nhelp: e.g. reads=[a, b], writes=[c.mut()]"
-            )
-        self.writes = [borrowed_tensor(w, True, what, f"writes[{i}]") for i, w in enumerate(writes)]
-        self.reads = [borrowed_tensor(r, False, what, f"reads[{i}]") for i, r in enumerate(reads)]
+        written = _listed(writes, "writes", what, "writes=[c.mut()]")
+        read = _listed(reads, "reads", what, "reads=[a, b], or leave reads= out")
+        self.writes = [borrowed_tensor(w, True, what, f"writes[{i}]") for i, w in enumerate(written)]
+        self.reads = [borrowed_tensor(r, False, what, f"reads[{i}]") for i, r in enumerate(read)]
         if not self.writes:
             raise SignatureError(
                 diagnostic(
@@ -170,13 +168,32 @@ class Captured(GraphNode):
             )
 
     def host_thunk(self, array_of: ArrayOf) -> Callable[[], None]:
-        """What the host backend runs for this node: ``host(*writes, *reads)`` on numpy views."""
+        """What the host backend runs for this node: ``host(*writes, *reads)`` on numpy views.
+        An IndexError or ValueError it raises (an access past a view, a write to a declared read)
+        becomes a BoundsError naming the region, as a kernel's host reference's does."""
         fn = self.host
         assert fn is not None  # checked when recorded
         views = [array_of(t, True) for t in self.writes] + [array_of(t, False) for t in self.reads]
 
         def run() -> None:
-            fn(*views)
+            try:
+                fn(*views)
+            except (IndexError, ValueError) as exc:
+                raise BoundsError(
+                    diagnostic(
+                        f"the host callable of captured region `{self.label_name}` failed: {exc}",
+                        [
+                            f"opened at {self.where}",
+                            *(
+                                f"{'writes' if b.mutable else 'reads'} {b.tensor.name} {b.tensor.shape}"
+                                for b in self.borrows
+                            ),
+                        ],
+                        help="the host callable reads or writes past a tensor it was given, or writes one declared "
+                        "in reads=; keep it to the declared views (host(*writes, *reads)), or declare what it "
+                        "writes in writes=",
+                    )
+                ) from exc
 
         return run
 
@@ -193,6 +210,31 @@ class Captured(GraphNode):
         args = ", ".join(("mut " if b.mutable else "") + b.tensor.name for b in self.borrows)
         size = f" [{self.nodes_captured} nodes]" if self.nodes_captured else ""
         return f"{self.name}({args}){size}"
+
+
+def _listed(value: object, argument: str, what: str, example: str) -> list[object]:
+    """The tensors (or borrows) of ``reads=`` or ``writes=``: a list, tuple or other iterable of
+    them, not one tensor, None or a number (a SignatureError)."""
+    if isinstance(value, (Mut, Tensor, str, bytes)) or not isinstance(value, Iterable):
+        raise SignatureError(
+            diagnostic(
+                f"{what}: reads= and writes= take lists of tensors; {argument}= got {type(value).__name__} {value!r}",
+                help=f"e.g. {example}",
+            )
+        )
+    return list(value)
+
+
+def _kept(value: object, what: str) -> list[object]:
+    """``keep=``: a list (or other iterable) of objects to keep alive with the graph."""
+    if isinstance(value, (Mut, Tensor, str, bytes)) or not isinstance(value, Iterable):
+        raise SignatureError(
+            diagnostic(
+                f"{what}: keep= takes a list of objects to keep alive, not {type(value).__name__} {value!r}",
+                help="e.g. keep=[module, kernel], or region.hold(obj) inside the region",
+            )
+        )
+    return list(value)
 
 
 # -- capture streams ------------------------------------------------------------------------
@@ -478,6 +520,7 @@ class Region:
             )
         if mode not in MODES:
             raise SignatureError(f"mode={mode!r} is not a capture mode\nhelp: use one of {', '.join(MODES)}")
+        kept = _kept(keep, f"capture `{name}`")
         self.scope = scope
         self.via = via
         self.mode = mode
@@ -492,7 +535,7 @@ class Region:
             )
         if device.is_host:
             self.op.check_host()
-        self.op.kept.extend(keep)
+        self.op.kept.extend(kept)
         self.capturing = False
         # What the foreign work launches on (CUDA only): a cuda.core Stream and its handle, or
         # PyTorch's capture stream.

@@ -90,7 +90,7 @@ def _parse_param(name: str, annotation: object, kernel_name: str) -> KernelParam
 def _parse_signature(fn: Callable[..., None], kernel_name: str) -> tuple[KernelParam, ...]:
     try:
         hints = get_type_hints(fn, include_extras=True)
-    except NameError as exc:
+    except Exception as exc:  # NameError for an unknown name; TypeError, SyntaxError for what is not a type
         raise SignatureError(
             f"cannot resolve the annotations of kernel `{kernel_name}`: {exc}\n"
             "help: import every name the annotations use at module level (sg.f32, Tensor, Mut, ...)"
@@ -302,6 +302,8 @@ class Kernel(Generic[P]):
         self.options = options
         self.template_args = template_args
         self.host_fn = host_fn
+        # The launch's fields the reference takes as keyword-only parameters ("grid", "block").
+        self.host_launch: tuple[str, ...] = () if host_fn is None else _host_launch(host_fn)
         self.params = params if params is not None else _parse_signature(fn, cpp_name)
         # How many elements each launch touches per tensor parameter, checked when a launch is built.
         self.touches = (
@@ -339,10 +341,17 @@ class Kernel(Generic[P]):
         return f"<kernel {self.name_expression}({sig})>"
 
     def host(self, fn: Callable[..., None]) -> Callable[..., None]:
-        """Register a numpy reference, used by the host backend: it gets numpy views of the tensors."""
+        """Register a numpy reference, used by the host backend: it gets numpy views of the tensors
+        (exactly each tensor's, read-only for ``Tensor`` parameters) and numpy scalars, one per
+        declared parameter. A reference that declares keyword-only parameters ``grid`` and
+        ``block`` also gets the launch's grid and block (3-tuples), to cover what the kernel's
+        threads cover."""
+        launch = _check_host(fn, self)
         self.host_fn = fn
+        self.host_launch = launch
         for inst in self._instances.values():
             inst.host_fn = fn
+            inst.host_launch = launch
         return fn
 
     def generics(self, *args: object) -> Kernel[P]:
@@ -390,7 +399,12 @@ class Kernel(Generic[P]):
                 return cached
         if not isinstance(launch, tuple) or len(launch) not in (2, 3):
             raise SignatureError(
-                f"launch `{self.cpp_name}` as {self.cpp_name}[grid, block](...) or [grid, block, shared_bytes]"
+                diagnostic(
+                    f"`{self.cpp_name}` was indexed with {launch!r}, not a launch configuration",
+                    ["a launch configuration is [grid, block] or [grid, block, shared_bytes]"],
+                    help=f"launch as {self.cpp_name}[grid, block](...) or "
+                    f"{self.cpp_name}[grid, block, shared_bytes](...), e.g. {self.cpp_name}[64, 256](...)",
+                )
             )
         grid = _dim3(launch[0], "grid", self.cpp_name)
         block = _dim3(launch[1], "block", self.cpp_name)
@@ -486,12 +500,23 @@ def kernel(
     recorded: past it is a LaunchResourceError.
     """
 
+    declared = _check_declaration(source, name, options, touches, pdl, reads_before_wait)
+
     def wrap(fn: Callable[P, None]) -> Kernel[P]:
+        if not inspect.isfunction(fn):
+            raise SignatureError(
+                diagnostic(
+                    f"@sg.kernel(...) was applied to {type(fn).__name__} {fn!r}, not a function",
+                    ["the decorated function's signature declares the kernel's parameters"],
+                    help="decorate a Python function: @sg.kernel(SOURCE) then "
+                    "def name(out: Mut[Tensor], x: Tensor, n: sg.i32) -> None: ...",
+                )
+            )
         return Kernel(
             fn,
             source,
             name or fn.__name__,
-            tuple(sorted((options or {}).items())),
+            declared,
             touches=touches,
             pdl=pdl,
             reads_before_wait=reads_before_wait,
@@ -499,6 +524,105 @@ def kernel(
         )
 
     return wrap
+
+
+def _check_declaration(
+    source: object, name: object, options: object, touches: object, pdl: object, reads_before_wait: object
+) -> tuple[tuple[str, object], ...]:
+    """Refuse a ``@sg.kernel(...)`` argument of the wrong type (a SignatureError with help), when the
+    kernel is declared; the options as the Kernel keeps them."""
+
+    def refuse(argument: str, takes: str, help: str) -> SignatureError:
+        return SignatureError(diagnostic(f"@sg.kernel(..., {argument}): {takes}", help=help))
+
+    if not isinstance(source, str):
+        raise refuse(
+            f"source={type(source).__name__}",
+            "the first argument is the kernel's CUDA C++ source",
+            "pass the source as a str (e.g. read from a .cu file)",
+        )
+    if name is not None and (not isinstance(name, str) or not name):
+        raise refuse(
+            f"name={name!r}",
+            "name= takes the kernel's C++ name, a non-empty str",
+            "pass the C++ function's name as a str, or leave name= out to use the Python function's name",
+        )
+    if options is not None and (not isinstance(options, Mapping) or not all(isinstance(key, str) for key in options)):
+        raise refuse(
+            f"options={options!r}",
+            "options= takes a mapping of cuda.core ProgramOptions fields to values",
+            'pass a dict, e.g. options={"use_fast_math": True}',
+        )
+    if touches is not None and (
+        not isinstance(touches, Mapping)
+        or not all(
+            isinstance(key, str) and (isinstance(value, str) or type(value) is int) for key, value in touches.items()
+        )
+    ):
+        raise refuse(
+            f"touches={touches!r}",
+            "touches= takes a mapping of tensor parameter names to size expressions (str)",
+            'pass a dict, e.g. touches={"out": "n", "w": "n * k"}',
+        )
+    if type(pdl) is not bool:
+        raise refuse(
+            f"pdl={pdl!r}",
+            "pdl= takes True or False",
+            "pdl=True only for a kernel written for programmatic dependent launch (it waits with "
+            "griddepcontrol.wait before it reads its predecessors' outputs); else leave it out",
+        )
+    names = (reads_before_wait,) if isinstance(reads_before_wait, str) else reads_before_wait
+    if not isinstance(names, (tuple, list, set, frozenset)) or not all(isinstance(n, str) for n in names):
+        raise refuse(
+            f"reads_before_wait={reads_before_wait!r}",
+            "reads_before_wait= takes the names of read-only Tensor parameters",
+            'pass a tuple of parameter names (str), e.g. reads_before_wait=("w",)',
+        )
+    return tuple(sorted((options or {}).items()))  # keys are distinct strs: values are never compared
+
+
+def _host_launch(fn: Callable[..., None]) -> tuple[str, ...]:
+    """The launch fields ("grid", "block") a host reference declares as keyword-only parameters."""
+    try:
+        parameters = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # a builtin without a signature: positional arguments only
+        return ()
+    return tuple(
+        n for n in ("grid", "block") if n in parameters and parameters[n].kind is inspect.Parameter.KEYWORD_ONLY
+    )
+
+
+def _check_host(fn: object, kernel: Kernel[Any]) -> tuple[str, ...]:
+    """A host reference must be callable with one argument per declared parameter (and the launch
+    fields it declares); returns those fields (see Kernel.host)."""
+    name = kernel.__name__
+    if not callable(fn):
+        raise SignatureError(
+            diagnostic(
+                f"`{kernel.name_expression}` got {type(fn).__name__} {fn!r} as its host reference, not a function",
+                [f"declared as {kernel!r}"],
+                help=f"register a numpy function: @{name}.host then def _(...) with one parameter per kernel parameter",
+            )
+        )
+    launch = _host_launch(fn)
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return launch  # cannot be checked before it runs
+    try:
+        signature.bind(*kernel.params, **dict.fromkeys(launch))
+    except TypeError as exc:
+        raise SignatureError(
+            diagnostic(
+                f"the host reference {getattr(fn, '__name__', repr(fn))}{signature} of `{kernel.name_expression}` "
+                f"cannot take its arguments ({exc})",
+                [f"declared as {kernel!r}", "a reference gets one argument per kernel parameter, in order"],
+                help=f"give the reference {len(kernel.params)} positional parameters "
+                f"({', '.join(p.name for p in kernel.params) or 'none'}); "
+                "keyword-only `grid` and `block` get the launch's",
+            )
+        ) from None
+    return launch
 
 
 _NO_PARAMS: tuple[tuple[int, Param[Any]], ...] = ()

@@ -108,26 +108,57 @@ def append_row(out: MutF32, position: MutI32, flag: MutI32, x: F32, d: dt.i32, l
     flag[0] = position[0] < limit. Launch one block: a decode loop's "emit this token"."""
 
 
+# The references follow the kernels' pointer arithmetic and grids exactly: the tensors as the flat
+# memory the kernel indexes (from each tensor's start, whatever its shape), and only what the
+# launch's threads cover. The host backend hands each reference exactly its tensors' views, so an
+# access past one is an error there, as it would be an illegal address on a GPU.
+Launch = tuple[int, int, int]
+
+
+def _covered(n: np.int32, grid: Launch, block: Launch) -> int:
+    """The elements an elementwise kernel touches: i < n for i = blockIdx.x * blockDim.x + threadIdx.x."""
+    threads = grid[0] * block[0]
+    return int(n) if n < threads else threads
+
+
+# The views a reference gets refuse slices past their ends (the host backend's HostView); what is
+# cut out of them is within the tensor, and is computed with as a plain array (numpy's ufuncs are
+# faster on one).
+
+
+def _flat_vector(t: NDArray, n: int) -> NDArray:
+    """The first ``n`` elements of ``t``'s memory, as a vector (``t`` itself when it is one)."""
+    return (t if t.shape == (n,) else t.reshape(-1)[:n]).view(np.ndarray)
+
+
+def _flat_matrix(t: NDArray, rows: int, cols: int) -> NDArray:
+    """The first ``rows * cols`` elements of ``t``'s memory, row-major: what ``t + row * cols``
+    indexes (``t`` itself when it has that shape)."""
+    return (t if t.shape == (rows, cols) else t.reshape(-1)[: rows * cols].reshape(rows, cols)).view(np.ndarray)
+
+
 @fill.host
-def _fill(out: NDArray, value: np.float32, n: np.int32) -> None:
-    out.reshape(-1)[:n] = value
+def _fill(out: NDArray, value: np.float32, n: np.int32, *, grid: Launch, block: Launch) -> None:
+    _flat_vector(out, _covered(n, grid, block)).fill(value)
 
 
 @add.host
-def _add(out: NDArray, a: NDArray, b: NDArray, n: np.int32) -> None:
-    np.add(a.reshape(-1)[:n], b.reshape(-1)[:n], out=out.reshape(-1)[:n])
+def _add(out: NDArray, a: NDArray, b: NDArray, n: np.int32, *, grid: Launch, block: Launch) -> None:
+    m = _covered(n, grid, block)
+    np.add(_flat_vector(a, m), _flat_vector(b, m), out=_flat_vector(out, m))
 
 
 @axpy.host
-def _axpy(out: NDArray, x: NDArray, a: np.float32, n: np.int32) -> None:
-    flat = out.reshape(-1)[:n]
-    flat += a * x.reshape(-1)[:n]
+def _axpy(out: NDArray, x: NDArray, a: np.float32, n: np.int32, *, grid: Launch, block: Launch) -> None:
+    m = _covered(n, grid, block)
+    flat = _flat_vector(out, m)
+    np.add(flat, a * _flat_vector(x, m), out=flat)
 
 
 @add_scalar.host
-def _add_scalar(out: NDArray, value: np.float32, n: np.int32) -> None:
-    flat = out.reshape(-1)[:n]
-    flat += value
+def _add_scalar(out: NDArray, value: np.float32, n: np.int32, *, grid: Launch, block: Launch) -> None:
+    flat = _flat_vector(out, _covered(n, grid, block))
+    np.add(flat, value, out=flat)
 
 
 @noop.host
@@ -136,29 +167,40 @@ def _noop() -> None:
 
 
 @rms_norm.host
-def _rms_norm(out: NDArray, x: NDArray, w: NDArray, eps: np.float32, d: np.int32) -> None:
-    rows = x.reshape(-1, d)
-    scale = 1.0 / np.sqrt(np.mean(rows * rows, axis=1, dtype=np.float32, keepdims=True) + eps)
-    out.reshape(-1, d)[...] = rows * scale.astype(np.float32) * w.reshape(-1)[:d]
+def _rms_norm(out: NDArray, x: NDArray, w: NDArray, eps: np.float32, d: np.int32, *, grid: Launch) -> None:
+    # One block per row: block b normalises x[b * d : (b + 1) * d] (x and out as flat memory);
+    # scale = rsqrtf(sum(row ** 2) / d + eps).
+    rows, d_ = grid[0], int(d)
+    if d_ == 0:
+        return  # no thread writes
+    xr = _flat_matrix(x, rows, d_)
+    scale = np.float32(1.0) / np.sqrt(np.add.reduce(xr * xr, axis=1, keepdims=True) / np.float32(d_) + eps)
+    np.multiply(xr * scale, _flat_vector(w, d_), out=_flat_matrix(out, rows, d_))
 
 
 @matvec.host
 def _matvec(out: NDArray, x: NDArray, w: NDArray, n: np.int32, k: np.int32) -> None:
-    out.reshape(-1)[:n] = w[:n, :k] @ x.reshape(-1)[:k]
+    n_, k_ = int(n), int(k)
+    np.matmul(_flat_matrix(w, n_, k_), _flat_vector(x, k_), out=_flat_vector(out, n_))
 
 
 @matvec_add.host
 def _matvec_add(out: NDArray, x: NDArray, w: NDArray, n: np.int32, k: np.int32) -> None:
-    out.reshape(-1)[:n] += w[:n, :k] @ x.reshape(-1)[:k]
+    n_, k_ = int(n), int(k)
+    flat = _flat_vector(out, n_)
+    np.add(flat, _flat_matrix(w, n_, k_) @ _flat_vector(x, k_), out=flat)
 
 
 @rms_norm_matvec.host
 def _rms_norm_matvec(
     out: NDArray, x: NDArray, nw: NDArray, w: NDArray, eps: np.float32, n: np.int32, k: np.int32
 ) -> None:
-    v = x.reshape(-1)[:k]
-    scale = np.float32(1.0 / np.sqrt(np.mean(v * v, dtype=np.float32) + eps))
-    out.reshape(-1)[:n] = (w[:n, :k] @ (v * nw.reshape(-1)[:k])) * scale
+    n_, k_ = int(n), int(k)
+    v = _flat_vector(x, k_)
+    # rsqrtf(sum(x ** 2) / k + eps); with k = 0 that is 0 / 0, a NaN, as on the GPU
+    mean = np.add.reduce(v * v) / np.float32(k_) if k_ else np.float32(np.nan)
+    scale = np.float32(1.0) / np.sqrt(mean + eps)
+    np.multiply(_flat_matrix(w, n_, k_) @ (v * _flat_vector(nw, k_)), scale, out=_flat_vector(out, n_))
 
 
 @count_down.host
@@ -168,10 +210,10 @@ def _count_down(flag: NDArray) -> None:
 
 @append_row.host
 def _append_row(out: NDArray, position: NDArray, flag: NDArray, x: NDArray, d: np.int32, limit: np.int32) -> None:
-    pos, fl = position.reshape(-1), flag.reshape(-1)
+    pos, fl, d_ = position.reshape(-1), flag.reshape(-1), int(d)
     row = int(pos[0])
     if 0 <= row < limit:
-        out.reshape(-1)[row * d : (row + 1) * d] = x.reshape(-1)[:d]
+        out.reshape(-1)[row * d_ : (row + 1) * d_] = x.reshape(-1)[:d_]
     pos[0] = row + 1
     fl[0] = int(row + 1 < limit)
 
@@ -219,13 +261,15 @@ def rms_norm_block(d: int) -> int:
 
 def rms_norm_op(out: Mut[Tensor], x: Tensor, w: Tensor, eps: float) -> KernelLaunch:
     """Normalise each row of ``x`` (its last dimension is the model width)."""
-    d = borrowed_tensor(x, False, "rms_norm_op", "x").shape[-1] if x.shape else 0
+    rows = borrowed_tensor(x, False, "rms_norm_op", "x")  # a SignatureError for anything but a Tensor
+    d = rows.shape[-1] if rows.shape else 0
     if d == 0:
         raise SignatureError(
-            f"rms_norm_op needs rows of at least one element; `x` has shape {x.shape}\nhelp: pass x of shape (rows, d)"
+            f"rms_norm_op needs rows of at least one element; `x` has shape {rows.shape}\n"
+            "help: pass x of shape (rows, d)"
         )
     block = rms_norm_block(d)
-    return rms_norm.generics(block)[x.size // d, block](out, x, w, eps, d)
+    return rms_norm.generics(block)[rows.size // d, block](out, x, w, eps, d)
 
 
 def narrow(k: Kernel[P]) -> Kernel[P]:

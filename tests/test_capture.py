@@ -7,6 +7,8 @@ without the library."""
 from __future__ import annotations
 
 import functools
+import re
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -227,6 +229,35 @@ def test_the_host_callable_gets_writable_writes_and_read_only_reads() -> None:
         graph.launch()
         assert seen == [((2, 4), True), ((2, 3), False), ((3, 4), False)]
         np.testing.assert_array_equal(c.numpy(), np.full((2, 4), 3.0, np.float32))
+
+
+@pytest.mark.parametrize(
+    "what, host, message",
+    [
+        ("writes a declared read", lambda c, a: a.__setitem__(0, 5.0), r"read-only"),
+        ("indexes past a view", lambda c, a: c.__setitem__(7, 1.0), r"index 7 is out of bounds"),
+        ("slices past a view", lambda c, a: c.__setitem__(slice(0, 8), a[:8]), r"slice \[:8\] reaches past axis 0"),
+    ],
+    ids=["read-only", "index", "slice"],
+)
+def test_a_host_callable_that_goes_past_its_views_is_a_bounds_error(
+    what: str, host: Callable[[NDArray, NDArray], None], message: str
+) -> None:
+    """As for a kernel's host reference: an error naming the region and its tensors, with help,
+    instead of numpy's bare ValueError or IndexError (or a silently clipped slice)."""
+    dev = sg.device("host")
+    stream = dev.stream()
+    a, c = dev.zeros((4,), name="a"), dev.zeros((4,), name="c")
+    with CudaGraph.scope(stream) as s, s.capture(writes=[c.mut()], reads=[a], host=host, name="bad_host"):
+        pass
+    with s.graph as graph:
+        with pytest.raises(sg.BoundsError, match=message) as info:
+            graph.launch()
+        text = str(info.value)
+        assert "captured region `bad_host`" in text and "writes c (4,)" in text and "reads a (4,)" in text, text
+        assert re.search(r"(?m)^help: \S", text), text
+    np.testing.assert_array_equal(a.numpy(), 0.0)
+    assert_stream_usable(stream)
 
 
 # -- CUDA: PyTorch, CuPy, and the refusals the driver makes -------------------------------------

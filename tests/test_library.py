@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
+import pytest
 
 import scopegraph as sg
 from scopegraph import library
@@ -67,3 +71,99 @@ def test_matvec_ops_take_the_narrow_build_for_narrow_rows() -> None:
             assert op.kernel is (library.narrow(kern) if narrow else kern), (k, kern.cpp_name)
     assert library.narrow(library.matvec) is library.narrow(library.matvec)  # built once
     assert library.narrow(library.matvec).options == (("define_macro", ("CHUNK", "4")),)
+
+
+def test_references_follow_the_kernels_pointer_arithmetic_and_grid(sg_device: sg.Device, sg_stream: sg.Stream) -> None:
+    """Raw launches with odd shapes: each kernel indexes flat memory from each tensor's start and
+    covers what its grid covers; the host references do exactly the same (hand-computed numpy)."""
+
+    def run(op: sg.GraphNode, *outs: sg.Tensor) -> list[np.ndarray]:
+        sg_stream.run(op)
+        sg_stream.sync()
+        return [t.numpy() for t in outs]
+
+    rng = np.random.default_rng(3)
+    # the matvec family reads w + row * k: the first n * k floats as an n x k matrix, whatever w's shape
+    w_np, x_np, nw_np = rand(rng, 4, 8), rand(rng, 4), rand(rng, 4)
+    w, x, nw = sg_device.from_numpy(w_np), sg_device.from_numpy(x_np), sg_device.from_numpy(nw_np)
+    flat = w_np.reshape(-1)[:16].reshape(4, 4).astype(np.float64)
+    out = sg_device.zeros((4,))
+    (got,) = run(library.matvec[1, 256](out.mut(), x, w, 4, 4), out)
+    np.testing.assert_allclose(got, flat @ x_np, rtol=1e-5, atol=1e-6)
+    (got,) = run(library.matvec_add[1, 256](out.mut(), x, w, 4, 4), out)
+    np.testing.assert_allclose(got, 2 * (flat @ x_np), rtol=1e-5, atol=1e-6)
+    scale = 1 / np.sqrt(np.mean(x_np.astype(np.float64) ** 2) + 1e-5)
+    (got,) = run(library.rms_norm_matvec[1, 256](out.mut(), x, nw, w, 1e-5, 4, 4), out)
+    np.testing.assert_allclose(got, flat @ (x_np * nw_np) * scale, rtol=1e-5, atol=1e-6)
+
+    # rms_norm: one block per row, so grid 1 normalises row 0 only and leaves row 1 as it was
+    x2_np, g_np = rand(rng, 2, 256), rand(rng, 256)
+    x2, g = sg_device.from_numpy(x2_np), sg_device.from_numpy(g_np)
+    o2 = sg_device.from_numpy(np.full((2, 256), 7.0, np.float32))
+    (got,) = run(library.rms_norm.generics(128)[1, 128](o2.mut(), x2, g, 1e-6, 256), o2)
+    row = x2_np[0].astype(np.float64)
+    np.testing.assert_allclose(got[0], row / np.sqrt(np.mean(row * row) + 1e-6) * g_np, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(got[1], 7.0)
+    # ... and a row of 256 in tensors of 300 (touches: 1 * 256 <= 300) is a valid launch
+    x3_np = rand(rng, 300)
+    x3, o3 = sg_device.from_numpy(x3_np), sg_device.from_numpy(np.full(300, 7.0, np.float32))
+    (got,) = run(library.rms_norm.generics(128)[1, 128](o3.mut(), x3, g, 1e-6, 256), o3)
+    row = x3_np[:256].astype(np.float64)
+    np.testing.assert_allclose(got[:256], row / np.sqrt(np.mean(row * row) + 1e-6) * g_np, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(got[256:], 7.0)
+
+    # elementwise: thread i = blockIdx.x * blockDim.x + threadIdx.x handles element i < n, so a
+    # grid of 1 x 32 threads touches the first 32 of n = 64
+    a_np, b_np = rand(rng, 64), rand(rng, 64)
+    a, b = sg_device.from_numpy(a_np), sg_device.from_numpy(b_np)
+    e = sg_device.from_numpy(np.full(64, 7.0, np.float32))
+    want = np.full(64, 7.0, np.float32)
+    (got,) = run(library.fill[1, 32](e.mut(), 1.0, 64), e)
+    want[:32] = 1.0
+    np.testing.assert_array_equal(got, want)
+    (got,) = run(library.add[1, 16](e.mut(), a, b, 64), e)
+    want[:16] = a_np[:16] + b_np[:16]
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    (got,) = run(library.axpy[2, 8](e.mut(), a, 2.0, 64), e)
+    want[:16] += 2.0 * a_np[:16]
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    (got,) = run(library.add_scalar[1, 8](e.mut(), 0.5, 64), e)
+    want[:8] += 0.5
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_op_helpers_refuse_arguments_of_the_wrong_kind() -> None:
+    """Every *_op helper: None, a numpy array, a number or a string for a tensor, a Mut where it
+    reads and a Tensor where it writes are each a SignatureError with help, as for a kernel launch."""
+    dev = sg.device("host")
+
+    def t(*shape: int) -> sg.Tensor:
+        return dev.zeros(shape)
+
+    def flag() -> sg.Tensor:
+        return dev.zeros((1,), sg.i32)
+
+    helpers: dict[str, Callable[[], list[Any]]] = {
+        "fill_op": lambda: [t(8).mut(), 1.0],
+        "add_op": lambda: [t(8).mut(), t(8), t(8)],
+        "axpy_op": lambda: [t(8).mut(), t(8), 2.0],
+        "add_scalar_op": lambda: [t(8).mut(), 1.0],
+        "rms_norm_op": lambda: [t(2, 8).mut(), t(2, 8), t(8), 1e-6],
+        "matvec_op": lambda: [t(4).mut(), t(8), t(4, 8)],
+        "matvec_add_op": lambda: [t(4).mut(), t(8), t(4, 8)],
+        "rms_norm_matvec_op": lambda: [t(4).mut(), t(8), t(8), t(4, 8), 1e-6],
+        "count_down_op": lambda: [flag().mut()],
+        "append_row_op": lambda: [t(3, 8).mut(), flag().mut(), flag().mut(), t(8)],
+    }
+    for name, make in helpers.items():
+        helper = getattr(library, name)
+        assert isinstance(helper(*make()), sg.GraphNode), name
+        for i, arg in enumerate(make()):
+            wrong: list[object] = [None, np.zeros(8, np.float32), "x"]
+            if isinstance(arg, (sg.Tensor, sg.Mut)):
+                wrong += [3, arg.tensor if isinstance(arg, sg.Mut) else arg.mut()]
+            for bad in wrong:
+                args = make()
+                args[i] = bad
+                with pytest.raises(sg.SignatureError, match=r"(?m)^help: \S"):
+                    helper(*args)

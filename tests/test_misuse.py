@@ -9,6 +9,7 @@ built no graph and left nothing pinned, and that the same stream then runs a val
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any
 
 import numpy as np
@@ -881,6 +882,141 @@ def kernel_tensorspec_with_an_unknown_dtype(c: Ctx) -> None:
     sg.kernel(SCALE_SRC, name="misuse_scale")(k)
 
 
+# -- SignatureError: what @sg.kernel(...) and k.host(...) are given, checked when declared ----------
+
+
+def _scale_signature(out: Mut[Tensor], x: Tensor, n: sg.i32) -> None:
+    """misuse_scale's declaration, for the cases below that declare it again with bad arguments."""
+
+
+@case("SignatureError", r"pdl='no'", r"True or False")
+def kernel_pdl_not_a_bool(c: Ctx) -> None:
+    """@sg.kernel(SRC, pdl="no"): a truthy non-bool would make the kernel a PDL one (programmatic edges)."""
+    sg.kernel(SCALE_SRC, name="misuse_scale", pdl="no")(_scale_signature)  # type: ignore[arg-type]
+
+
+@case("SignatureError", r"touches='n'", r"mapping")
+def kernel_touches_a_str(c: Ctx) -> None:
+    """@sg.kernel(SRC, touches="n"): touches= maps parameter names to expressions."""
+    sg.kernel(SCALE_SRC, name="misuse_scale", touches="n")(_scale_signature)  # type: ignore[arg-type]
+
+
+@case("SignatureError", r"touches=\[", r"mapping")
+def kernel_touches_a_list_of_pairs(c: Ctx) -> None:
+    """@sg.kernel(SRC, touches=[("out", "n")]): a list of pairs, not a mapping."""
+    sg.kernel(SCALE_SRC, name="misuse_scale", touches=[("out", "n")])(_scale_signature)  # type: ignore[arg-type]
+
+
+@case("SignatureError", r"options=\['fast'\]", r"ProgramOptions")
+def kernel_options_a_list(c: Ctx) -> None:
+    """@sg.kernel(SRC, options=["fast"]): options= maps ProgramOptions fields to values."""
+    sg.kernel(SCALE_SRC, name="misuse_scale", options=["fast"])(_scale_signature)  # type: ignore[arg-type]
+
+
+@case("SignatureError", r"reads_before_wait=5", r"names")
+def kernel_reads_before_wait_a_number(c: Ctx) -> None:
+    """@sg.kernel(SRC, pdl=True, reads_before_wait=5): not parameter names."""
+    sg.kernel(SCALE_SRC, name="misuse_scale", pdl=True, reads_before_wait=5)(_scale_signature)  # type: ignore[arg-type]
+
+
+@case("SignatureError", r"name=3", r"C\+\+ name")
+def kernel_name_a_number(c: Ctx) -> None:
+    """@sg.kernel(SRC, name=3): the C++ name is a str."""
+    sg.kernel(SCALE_SRC, name=3)(_scale_signature)  # type: ignore[arg-type]
+
+
+@case("SignatureError", r"applied to int 42", r"not a function")
+def kernel_decorating_a_number(c: Ctx) -> None:
+    """sg.kernel(SRC)(42): the decorator applied to something that is not a function."""
+    sg.kernel(SCALE_SRC)(42)  # type: ignore[arg-type]
+
+
+@case("SignatureError", r"applied to type", r"not a function")
+def kernel_decorating_a_class(c: Ctx) -> None:
+    """sg.kernel(SRC)(int): a class has no kernel signature."""
+    sg.kernel(SCALE_SRC)(int)  # type: ignore[arg-type]
+
+
+@case("SignatureError", r"`misuse_scale` got int 5 as its host reference")
+def kernel_host_reference_a_number(c: Ctx) -> None:
+    """k.host(5): refused when registered, not a TypeError at the first run."""
+    k = sg.kernel(SCALE_SRC, name="misuse_scale")(_scale_signature)
+    x = c.zeros(16, "x")
+    k.host(5)  # type: ignore[arg-type]
+    c.stream.run(k[1, 16](x.mut(), x, 16))  # type: ignore[scopegraph-borrow]  # not reached
+
+
+@case("SignatureError", r"host reference", r"cannot take its arguments", r"3 positional parameters")
+def kernel_host_reference_of_the_wrong_arity(c: Ctx) -> None:
+    """k.host(fn) with a reference of two parameters for a kernel of three."""
+    k = sg.kernel(SCALE_SRC, name="misuse_scale")(_scale_signature)
+    k.host(lambda out, x: None)
+
+
+@case("SignatureError", r"indexed with 1\b", r"\[grid, block\]")
+def launch_configuration_of_one_value(c: Ctx) -> None:
+    """library.fill[1]: a grid without a block."""
+    library.fill[1]  # type: ignore[index]
+
+
+@case("SignatureError", r"indexed with \(1, 2, 3, 4\)", r"shared_bytes")
+def launch_configuration_of_four_values(c: Ctx) -> None:
+    """library.fill[1, 2, 3, 4]: one value too many."""
+    library.fill[1, 2, 3, 4]  # type: ignore[index]
+
+
+# -- SignatureError: the library's *_op helpers given the wrong kind of argument ---------------------
+
+
+@case("SignatureError", r"rms_norm_op", r"`x` expects Tensor, got NoneType")
+def rms_norm_op_given_none(c: Ctx) -> None:
+    """library.rms_norm_op(y.mut(), None, w, eps)."""
+    y, w = c.zeros(16, "y"), c.zeros(16, "w")
+    library.rms_norm_op(y.mut(), None, w, 1e-6)  # type: ignore[arg-type]
+
+
+@case("SignatureError", r"rms_norm_op", r"only reads `x`", r"without \.mut\(\)")
+def rms_norm_op_x_mutably_borrowed(c: Ctx) -> None:
+    """library.rms_norm_op(out.mut(), x.mut(), w, eps): a Mut where the helper reads."""
+    out, x, w = c.zeros((2, 8), "out"), c.zeros((2, 8), "x"), c.zeros(8, "w")
+    library.rms_norm_op(out.mut(), x.mut(), w, 1e-6)  # type: ignore[arg-type]
+
+
+# -- SignatureError: captured regions given the wrong kind of argument ------------------------------
+
+
+def _capture(c: Ctx, **kwargs: Any) -> None:
+    x = c.zeros(4, "x")
+    with c.scope() as s:
+        s.record(sg.memset(x.mut(), 1.0))
+        with s.capture(host=lambda *views: None, **kwargs):
+            pass
+
+
+@case("SignatureError", r"writes= got NoneType", r"writes=\[")
+def capture_writes_none(c: Ctx) -> None:
+    """s.capture(writes=None)."""
+    _capture(c, writes=None)
+
+
+@case("SignatureError", r"reads= got int 3")
+def capture_reads_a_number(c: Ctx) -> None:
+    """s.capture(writes=[y.mut()], reads=3)."""
+    _capture(c, writes=[c.zeros(4, "y").mut()], reads=3)
+
+
+@case("SignatureError", r"reads= got NoneType", r"leave reads= out")
+def capture_reads_none(c: Ctx) -> None:
+    """s.capture(writes=[y.mut()], reads=None)."""
+    _capture(c, writes=[c.zeros(4, "y").mut()], reads=None)
+
+
+@case("SignatureError", r"keep= takes a list", r"int 5")
+def capture_keep_a_number(c: Ctx) -> None:
+    """s.capture(writes=[y.mut()], keep=5)."""
+    _capture(c, writes=[c.zeros(4, "y").mut()], keep=5)
+
+
 # -- host backend: a reference that reads or writes out of range ------------------------------------
 
 
@@ -889,6 +1025,75 @@ def host_reference_index_out_of_range(c: Ctx) -> None:
     """A kernel without touches= whose host reference indexes past its 16-float tensor (n=32)."""
     x = c.zeros(16, "x")
     c.stream.run(misuse_last[1, 1](x.mut(), 32))
+
+
+SCALE_BY_SRC = r"""
+extern "C" __global__ void misuse_scale_by(float* out, const float* x, float a, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = a * x[i];
+}
+"""
+
+
+@sg.kernel(SCALE_BY_SRC)
+def misuse_scale_by(out: Mut[Tensor], x: Tensor, a: sg.f32, n: sg.i32) -> None:
+    """out[:n] = a * x[:n] (README's `scale`; no touches=, so only the host reference can catch a bad n)."""
+
+
+@misuse_scale_by.host
+def _misuse_scale_by(out: NDArray, x: NDArray, a: np.float32, n: np.int32) -> None:
+    out[:n] = a * x[:n]
+
+
+def _buf_untouched(c: Ctx, exc: BaseException) -> None:
+    np.testing.assert_array_equal(c.tensors[0].numpy(), np.arange(16, dtype=np.float32))
+
+
+@case("BoundsError", r"misuse_scale_by", r"\[:8\]", r"buf\[0:4\]", only="host", check=_buf_untouched)
+def host_reference_slices_past_its_views(c: Ctx) -> None:
+    """n=8 on the 4-float views buf[0:4] and buf[8:12]: on a GPU the kernel writes buf[4:8] (outside
+    the borrow) and reads buf[12:16]; numpy's slices would clip to the views and succeed silently."""
+    buf = c.arange(16, "buf")
+    c.stream.run(misuse_scale_by[1, 32](buf[0:4].mut(), buf[8:12], 2.0, 8))
+
+
+def test_host_views_refuse_slices_past_their_ends() -> None:
+    """What a host reference gets (the host backend's HostView): numpy's meaning for every index,
+    except that a slice reaching past the end of its axis is an IndexError, not a clipped view."""
+    from scopegraph._backends._host import HostView
+
+    a = np.arange(12, dtype=np.float32).view(HostView)
+    m = a.reshape(3, 4)
+    assert type(m) is HostView and type(a[2:5]) is HostView  # views stay strict
+    # in range, and numpy's own meanings: negative indices and starts, empty slices at the end, masks
+    assert a[:12].shape == (12,) and a[12:].shape == (0,) and a[-100:].shape == (12,) and a[-1] == 11
+    assert a[11::-1].shape == (12,) and a[np.int32(2) : np.int64(5)].tolist() == [2.0, 3.0, 4.0]
+    assert m[1:3, :4].shape == (2, 4) and m[..., :4].shape == (3, 4) and m[None, :3].shape == (1, 3, 4)
+    assert m[np.array([True, False, True]), :4].shape == (2, 4)
+    refused: list[Callable[[], object]] = [
+        lambda: a[:13],
+        lambda: a[13:],
+        lambda: a[12::-1],
+        lambda: a[:: np.int32(1)][: np.int32(20)],
+        lambda: m[:, :5],
+        lambda: m[..., :5],
+        lambda: m[:4],
+        lambda: m[None, :, :5],
+        lambda: a[2:][:11],  # a view of a view is checked against its own end
+    ]
+    for bad in refused:
+        with pytest.raises(IndexError, match="reaches past axis"):
+            bad()
+    with pytest.raises(IndexError, match="reaches past axis 0"):
+        a[:13] = 1.0
+    with pytest.raises(IndexError):
+        a[12]  # numpy's own check
+    # numpy's operations work; what they compute is a plain array, an `out=` view stays itself
+    assert type(a * 2) is np.ndarray and type(m @ np.ones(4, np.float32)) is np.ndarray
+    assert type(a.sum()) is np.float32 and type(np.mean(m, axis=1)) is np.ndarray
+    flat = a.reshape(-1)[:4]
+    flat += 1
+    assert type(flat) is HostView and a[:5].tolist() == [1.0, 2.0, 3.0, 4.0, 4.0]
 
 
 # -- GPU only: foreign wrappers from torch and cupy, mixing devices ---------------------------------

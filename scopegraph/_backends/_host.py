@@ -9,8 +9,10 @@ the whole library (and users' graph programs) can be tested on machines without 
   replay, drawn from a seeded generator (:func:`seed_replay_order`; ``SCOPEGRAPH_HOST_SEED``,
   or the pytest plugin's ``--sg-seed``). A missing dependency edge therefore shows up as a wrong
   result in tests, reproducibly, instead of hiding behind record order.
-- A reference gets exactly each tensor's view (read-only for shared borrows); an IndexError or
-  ValueError it raises (an access past the view) becomes a BoundsError naming the launch.
+- A reference gets exactly each tensor's view (read-only for shared borrows), as a
+  :class:`HostView`: a numpy array whose indexing refuses slices past the view (numpy would clip
+  them silently). An IndexError or ValueError the reference raises (an access past the view, a
+  write to a read-only one) becomes a BoundsError naming the launch.
 """
 
 from __future__ import annotations
@@ -59,13 +61,95 @@ def seed_replay_order(seed: int | None = None) -> int:
 seed_replay_order()
 
 
-def _array(tensor: Tensor, writable: bool) -> NDArray:
-    """A numpy view of exactly a tensor's bytes (read-only for shared borrows)."""
+_getitem = np.ndarray.__getitem__
+_setitem = np.ndarray.__setitem__
+
+
+class HostView(np.ndarray[Any, np.dtype[Any]]):
+    """A host reference's numpy view of a tensor, strict where numpy is lenient: indexing it with
+    a slice that starts or stops past the end of its axis (``out[:n]`` with ``n`` larger than the
+    view) is an IndexError, because on a GPU that access would reach past the tensor. Integer
+    indices (numpy checks those itself; negative ones count from the end), index arrays and ``...``
+    keep numpy's meaning, and every numpy operation works as on any array. Views of it (``reshape``,
+    slices) are HostViews too; what numpy computes from it (``a * x``, ``w @ x``) is a plain array.
+    """
+
+    __slots__ = ()
+
+    def __getitem__(self, key: Any) -> Any:
+        if type(key) is slice:
+            shape = self.shape
+            if key.step is not None or not shape:
+                _check_index(key, shape)
+            elif (key.stop is not None and key.stop > shape[0]) or (key.start is not None and key.start > shape[0]):
+                _check_index(key, shape)  # raises
+        elif type(key) is tuple:
+            _check_index(key, self.shape)
+        return _getitem(self, key)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        if type(key) is slice or type(key) is tuple:
+            _check_index(key, self.shape)
+        _setitem(self, key, value)
+
+    def __array_wrap__(self, array: Any, context: Any = None, return_scalar: bool = False) -> Any:
+        # Results of ufuncs (a fresh ndarray) stay plain; an `out=` HostView is returned as itself.
+        return array[()] if return_scalar else array
+
+
+def _check_index(key: slice | tuple[Any, ...], shape: tuple[int, ...]) -> None:
+    """Refuse a slice of ``key`` that reaches past its axis of ``shape`` (an IndexError)."""
+    items = (key,) if type(key) is slice else key
+    axis = 0
+    for position, item in enumerate(items):
+        if type(item) is slice:
+            if axis < len(shape):
+                _check_slice(item, shape[axis], axis, shape)
+            axis += 1
+        elif item is Ellipsis:  # the items after it index the last axes
+            axis = len(shape) - sum(_axes_of(rest) for rest in items[position + 1 :])
+        else:
+            axis += _axes_of(item)
+
+
+def _axes_of(item: object) -> int:
+    """How many axes of the array an index item consumes (None and a bool: none; a boolean mask: its rank)."""
+    if item is None or isinstance(item, (bool, np.bool_)):
+        return 0
+    if isinstance(item, np.ndarray) and item.dtype == np.bool_:
+        return item.ndim
+    return 1
+
+
+def _check_slice(item: slice, length: int, axis: int, shape: tuple[int, ...]) -> None:
+    start, stop, step = item.start, item.stop, item.step
+    if step is None or step > 0:
+        bad = (start is not None and start > length) or (stop is not None and stop > length)
+    else:
+        bad = start is not None and start >= length
+    if bad:
+        text = f"{'' if start is None else start}:{'' if stop is None else stop}{'' if step is None else f':{step}'}"
+        raise IndexError(
+            f"slice [{text}] reaches past axis {axis} of the view of shape {shape}, which has {length} elements"
+        )
+
+
+def _array(tensor: Tensor, writable: bool, cls: type[NDArray] = np.ndarray) -> NDArray:
+    """A numpy view of exactly a tensor's bytes (read-only for shared borrows), of class ``cls``."""
     storage: NDArray = tensor.allocation.storage  # type: ignore[assignment]
-    view = storage[tensor.offset : tensor.offset + tensor.nbytes].view(tensor.dtype.numpy).reshape(tensor.shape)
+    view = cls(tensor.shape, tensor.dtype.numpy, storage, tensor.offset)
     if not writable:
-        view.flags.writeable = False
+        view.setflags(write=False)
     return view
+
+
+def _host_view(tensor: Tensor, writable: bool) -> NDArray:
+    """What a host reference gets for a tensor: its exact view, as a HostView."""
+    return _array(tensor, writable, HostView)
+
+
+_NO_LAUNCH: dict[str, tuple[int, int, int]] = {}
+_GRID_AND_BLOCK = ("grid", "block")
 
 
 def _thunk(op: GraphNode, values: Mapping[str, np.generic] | None = None) -> Callable[[], None]:
@@ -80,18 +164,26 @@ def _thunk(op: GraphNode, values: Mapping[str, np.generic] | None = None) -> Cal
     if isinstance(op, ControlNode):
         return _control_thunk(op)
     if isinstance(op, Captured):  # a captured region's host callable, or a collective over the bootstrap
-        return op.host_thunk(_array)
+        return op.host_thunk(_host_view)
     if not isinstance(op, KernelLaunch):
         return lambda: None  # a join: nothing to do
     fn = op.kernel.host_fn
     assert fn is not None
     borrows = iter(op.borrows)  # one per tensor argument, in order
     args = op.resolved(values) if op.params else op.args
-    bound = tuple(_array(a, next(borrows).mutable) if isinstance(a, Tensor) else a for a in args)
+    bound = tuple(_host_view(a, next(borrows).mutable) if isinstance(a, Tensor) else a for a in args)
+    # The launch's grid and block, for a reference that declares them (keyword-only `grid`, `block`).
+    names = op.kernel.host_launch
+    if not names:
+        launch = _NO_LAUNCH
+    elif names == _GRID_AND_BLOCK:  # the library's references (eager runs bind each time: keep it cheap)
+        launch = {"grid": op.grid, "block": op.block}
+    else:
+        launch = {name: getattr(op, name) for name in names}
 
     def run() -> None:
         try:
-            fn(*bound)
+            fn(*bound, **launch)
         except (IndexError, ValueError) as exc:
             raise BoundsError(
                 diagnostic(
@@ -100,8 +192,9 @@ def _thunk(op: GraphNode, values: Mapping[str, np.generic] | None = None) -> Cal
                         f"launched as {op.name}[{op.grid}, {op.block}]",
                         *(f"{b.param}: {b.tensor.name} {b.tensor.shape}" for b in op.borrows),
                     ],
-                    help="the launch reads or writes past a tensor it was given (on a GPU: an illegal address); "
-                    "check its size arguments, or declare them with @sg.kernel(..., touches=...)",
+                    help="the launch reads or writes past a tensor it was given (on a GPU: an illegal address), "
+                    "or writes one it only reads; check its size arguments, or declare them with "
+                    "@sg.kernel(..., touches=...)",
                 )
             ) from exc
 
