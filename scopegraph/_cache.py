@@ -23,7 +23,9 @@ import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable
-from typing import Generic, SupportsIndex, TypeVar
+from typing import Any, Generic, SupportsIndex, TypeVar
+
+import numpy as np
 
 from ._errors import SignatureError, diagnostic
 from ._graph import CudaGraph
@@ -37,7 +39,11 @@ class GraphCache(Generic[K]):
     """One graph per key, built on demand by ``record(s, key)``, at most ``maxsize`` of them."""
 
     def __init__(
-        self, stream: Stream, record: Callable[[Scope, K], object], maxsize: int = 8, order: str = "dataflow"
+        self,
+        stream: Stream,
+        record: Callable[[Scope, K], object],
+        maxsize: int | np.integer[Any] = 8,
+        order: str = "dataflow",
     ) -> None:
         if not isinstance(stream, Stream):
             raise SignatureError(
@@ -48,8 +54,9 @@ class GraphCache(Generic[K]):
                 f"GraphCache's record must be a function record(s, key), not {type(record).__name__}\n"
                 "help: pass a function that records the program for a key into the scope it is given"
             )
-        if isinstance(maxsize, bool) or not isinstance(maxsize, int) or maxsize < 1:
+        if isinstance(maxsize, (bool, np.bool_)) or not isinstance(maxsize, (int, np.integer)) or maxsize < 1:
             raise SignatureError(f"GraphCache maxsize={maxsize!r} is not a positive int\nhelp: pass e.g. maxsize=8")
+        maxsize = int(maxsize)
         self.stream = stream
         self.record = record
         self.maxsize = maxsize

@@ -164,6 +164,10 @@ def as_dtype(like: object) -> DType:
     """Resolve anything a user may pass as a dtype; SignatureError says what is accepted."""
     if isinstance(like, DType):
         return like
+    if like is None:  # numpy reads None as float64; scopegraph's default is sg.f32, so say which
+        raise SignatureError(
+            "dtype=None names no dtype\nhelp: leave the dtype out for sg.f32, or name one (sg.f32, sg.i32, ...)"
+        )
     found = dtype_of_annotation(like)
     if found is not None:
         return found

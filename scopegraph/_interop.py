@@ -35,6 +35,8 @@ def tensor_from_foreign(obj: Any, name: str | None = None, stream: Stream | None
             f"from_dlpack(stream=) takes a scopegraph Stream, not {type(stream).__name__}\n"
             "help: pass dev.stream() or sg.Stream.from_handle(obj), or leave stream out"
         )
+    if stream is not None and stream.recording is not None:  # the producer's wait is eager work there
+        stream.check_not_recording("import an array with from_dlpack(stream=)")
     if isinstance(obj, Tensor):
         return _wrap_scopegraph(obj, name)
     try:

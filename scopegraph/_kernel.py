@@ -56,7 +56,7 @@ class KernelParam:
     def describe(self) -> str:
         if self.kind == "scalar":
             assert self.dtype is not None
-            return f"{self.name}: sg.{self.dtype.name}"
+            return f"{self.name}: {self.dtype.spelling}"
         base = "Mut[Tensor]" if self.kind == "mut" else "Tensor"
         extra = [f"dtype {self.dtype.name}"] if self.dtype else []
         extra += [f"rank {self.rank}"] if self.rank is not None else []
@@ -932,7 +932,8 @@ class KernelLaunch(GraphNode):
                 return self._param(param, arg)
             raise SignatureError(
                 diagnostic(
-                    f"`{self.name}` parameter `{param.name}` expects sg.{dtype.name}, got {type(arg).__name__} {arg!r}",
+                    f"`{self.name}` parameter `{param.name}` expects {dtype.spelling}, "
+                    f"got {type(arg).__name__} {arg!r}",
                     [f"declared as {self.kernel!r}"],
                     help=f"pass a {'float' if dtype.is_float else 'int'} for `{param.name}`",
                 )
@@ -945,10 +946,10 @@ class KernelLaunch(GraphNode):
             assert param.dtype is not None
             raise SignatureError(
                 diagnostic(
-                    f"`{self.name}` parameter `{param.name}` expects sg.{param.dtype.name}, "
-                    f"got {arg!r} of sg.{arg.dtype.name}",
+                    f"`{self.name}` parameter `{param.name}` expects {param.dtype.spelling}, "
+                    f"got {arg!r} of {arg.dtype.spelling}",
                     [f"declared as {self.kernel!r}"],
-                    help=f"declare the parameter as sg.Param({arg.name!r}, sg.{param.dtype.name}, ...)",
+                    help=f"declare the parameter as sg.Param({arg.name!r}, {param.dtype.spelling}, ...)",
                 )
             )
         self.params = ((-1, arg),)  # marks the launch as having parameters; __init__ lists them

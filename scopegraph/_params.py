@@ -62,7 +62,7 @@ class Param(Generic[T]):
         self.default: np.generic = self.dtype.scalar(default, f"the default of parameter `{name}`")
 
     def __repr__(self) -> str:
-        return f"sg.Param({self.name!r}, sg.{self.dtype.name}, {self.default.item()!r})"
+        return f"sg.Param({self.name!r}, {self.dtype.spelling}, {self.default.item()!r})"
 
     def same_as(self, other: Param[Any]) -> bool:
         return self.dtype == other.dtype and _same_value(self.default, other.default)
@@ -115,7 +115,7 @@ class ParamTable:
         for name, value in given.items():
             param = self.params.get(name)
             if param is None:
-                known = ", ".join(f"{p.name} (sg.{p.dtype.name})" for p in self.params.values()) or "none"
+                known = ", ".join(f"{p.name} ({p.dtype.spelling})" for p in self.params.values()) or "none"
                 raise SignatureError(
                     diagnostic(
                         f"graph #{graph_id} has no parameter `{name}`",

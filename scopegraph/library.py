@@ -262,13 +262,14 @@ def rms_norm_block(d: int) -> int:
 def rms_norm_op(out: Mut[Tensor], x: Tensor, w: Tensor, eps: float) -> KernelLaunch:
     """Normalise each row of ``x`` (its last dimension is the model width)."""
     rows = borrowed_tensor(x, False, "rms_norm_op", "x")  # a SignatureError for anything but a Tensor
-    d = rows.shape[-1] if rows.shape else 0
-    if d == 0:
+    if not rows.shape:
         raise SignatureError(
-            f"rms_norm_op needs rows of at least one element; `x` has shape {rows.shape}\n"
-            "help: pass x of shape (rows, d)"
+            "rms_norm_op normalises rows, but `x` is a scalar (shape ())\nhelp: pass x of shape (d,) or (rows, d)"
         )
+    d = rows.shape[-1]
     block = rms_norm_block(d)
+    if rows.size == 0:  # zero-size ops are no work: one block, rows of no elements
+        return rms_norm.generics(block)[1, block](out, x, w, eps, 0)
     return rms_norm.generics(block)[rows.size // d, block](out, x, w, eps, d)
 
 

@@ -328,3 +328,30 @@ def test_a_wrapper_joins_only_wrappers_it_overlaps_after_one_is_dropped() -> Non
     with pytest.raises(sg.BorrowError, match="frozen"):
         sg.memset(w4.mut(), 0.0)  # frozen through another wrapper of the same bytes
     assert_stream_usable(stream)
+
+
+def test_importing_with_the_stream_a_scope_records_on_is_refused() -> None:
+    """DESIGN.md section 2: every path that enqueues eager work on a stream is refused while a
+    scope records on it; ``from_dlpack(stream=)`` makes that stream wait for the producer."""
+    dev = sg.device("host")
+    stream = dev.stream()
+    with CudaGraph.scope(stream):
+        with pytest.raises(sg.ScopeStateError, match="help:"):
+            sg.Tensor.from_dlpack(np.zeros(4, np.float32), stream=stream)
+        assert sg.Tensor.from_dlpack(np.zeros(4, np.float32), stream=dev.stream()).shape == (4,)
+    assert_stream_usable(stream)
+
+
+def test_dtype_none_is_refused_not_read_as_float64() -> None:
+    dev = sg.device("host")
+    for make in (lambda: dev.zeros((4,), None), lambda: sg.zeros((4,), None)):  # type: ignore[arg-type]
+        with pytest.raises(sg.SignatureError, match="help: leave the dtype out"):
+            make()
+
+
+def test_graph_cache_takes_a_numpy_int_size() -> None:
+    stream = sg.device("host").stream()
+    cache: sg.GraphCache[int] = sg.GraphCache(stream, lambda s, key: None, maxsize=np.int64(4))
+    assert cache.maxsize == 4 and type(cache.maxsize) is int
+    with pytest.raises(sg.SignatureError, match="help:"):
+        sg.GraphCache(stream, lambda s, key: None, maxsize=np.int64(0))

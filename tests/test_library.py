@@ -167,3 +167,22 @@ def test_op_helpers_refuse_arguments_of_the_wrong_kind() -> None:
                 args[i] = bad
                 with pytest.raises(sg.SignatureError, match=r"(?m)^help: \S"):
                     helper(*args)
+
+
+@pytest.mark.parametrize("shape", [(0, 8), (4, 0), (0,)])
+def test_rms_norm_of_no_elements_is_no_work(sg_device: sg.Device, sg_stream: sg.Stream, shape: tuple[int, ...]) -> None:
+    """Issue 8: zero-size ops record as no work (rms_norm_op refused rows of no elements, and
+    asked for grid 0 when there were no rows)."""
+    x, out, w = sg_device.zeros(shape, name="x"), sg_device.zeros(shape, name="out"), sg_device.zeros((8,), name="w")
+    guard = sg_device.full((16,), 7.0, name="guard")  # nothing else is written either
+    op = library.rms_norm_op(out.mut(), x, w, 1e-6)
+    sg_stream.run(op)
+    with sg.CudaGraph.scope(sg_stream) as s:
+        s.record(library.rms_norm_op(out.mut(), x, w, 1e-6))
+    with s.graph as g:
+        g.launch()
+        g.sync()
+    assert out.numpy().shape == shape
+    np.testing.assert_array_equal(guard.numpy(), 7.0)
+    with pytest.raises(sg.SignatureError, match="help:"):
+        library.rms_norm_op(sg_device.zeros(()).mut(), sg_device.zeros(()), w, 1e-6)
