@@ -30,6 +30,18 @@ class DType:
     def is_float(self) -> bool:
         return self.numpy.kind == "f"
 
+    def takes_argument(self, value: object) -> bool:
+        """Whether ``value`` has a Python type a kernel argument of this type takes: bools for
+        bool, numbers for floats, integers (not floats, not bools) for integer types. Its range and
+        exactness are :meth:`scalar`'s to check."""
+        if self.name == "bool":
+            return isinstance(value, (bool, np.bool_))
+        if isinstance(value, (bool, np.bool_)):
+            return False
+        if self.numpy.kind == "f":
+            return isinstance(value, (int, float, np.integer, np.floating))
+        return isinstance(value, (int, np.integer))
+
     def scalar(self, value: object, what: str = "the value") -> np.generic:
         """``value`` as a numpy scalar of this type (cuda.core passes plain ints as pointers).
 

@@ -919,15 +919,7 @@ class KernelLaunch(GraphNode):
     def _scalar(self, param: KernelParam, arg: object) -> np.generic | Param[Any]:
         dtype = param.dtype
         assert dtype is not None
-        if dtype.name == "bool":
-            ok = isinstance(arg, (bool, np.bool_))
-        elif isinstance(arg, bool):
-            ok = False
-        elif dtype.is_float:
-            ok = isinstance(arg, (int, float, np.integer, np.floating))
-        else:
-            ok = isinstance(arg, (int, np.integer))
-        if not ok:
+        if not dtype.takes_argument(arg):
             if type(arg) is Param:
                 return self._param(param, arg)
             raise SignatureError(

@@ -41,6 +41,19 @@ T = TypeVar("T", bound=float)
 RESERVED = frozenset({"stream"})
 
 
+def _argument(dtype: DType, value: object, what: str) -> np.generic:
+    """``value`` as the kernel argument a parameter stands for: an integer parameter takes no
+    float (not even 8.0), as a direct argument of the kernel does; the rest is ``scalar``'s check."""
+    if isinstance(value, (float, np.floating)) and not dtype.takes_argument(value):
+        raise SignatureError(
+            diagnostic(
+                f"{what} is float {value!r}, but the parameter is {dtype.spelling}",
+                help="pass an int, as the kernel's own argument takes",
+            )
+        )
+    return dtype.scalar(value, what)
+
+
 class Param(Generic[T]):
     """A named scalar kernel argument whose value a graph can change at ``launch(name=value)``."""
 
@@ -59,7 +72,7 @@ class Param(Generic[T]):
         self.name = name
         self.dtype: DType = as_dtype(dtype)
         # The value as the kernel receives it (a numpy scalar of the C type); checked exactly.
-        self.default: np.generic = self.dtype.scalar(default, f"the default of parameter `{name}`")
+        self.default: np.generic = _argument(self.dtype, default, f"the default of parameter `{name}`")
 
     def __repr__(self) -> str:
         return f"sg.Param({self.name!r}, {self.dtype.spelling}, {self.default.item()!r})"
@@ -123,7 +136,7 @@ class ParamTable:
                         help="pass a name an sg.Param of the recording has, e.g. graph.launch(eps=1e-6)",
                     )
                 )
-            scalar = param.dtype.scalar(value, f"parameter `{name}` of graph #{graph_id}")
+            scalar = _argument(param.dtype, value, f"parameter `{name}` of graph #{graph_id}")
             if not _same_value(scalar, self.values[name]):
                 changed[name] = scalar
         return changed

@@ -145,7 +145,8 @@ def refused_launch(graph: CudaGraph, out: sg.Tensor, expect: type[Exception], ma
     ("given", "match"),
     [
         ({"b": 1.0}, r"graph #\d+ has no parameter `b`(.|\n)*its parameters: a \(sg.f32\), n \(sg.i32\)"),
-        ({"n": 1.5}, r"parameter `n` of graph #\d+ is 1.5, which sg.i32 cannot hold exactly"),
+        ({"n": 1.5}, r"parameter `n` of graph #\d+ is float 1.5, but the parameter is sg.i32"),
+        ({"n": 4.0}, r"parameter `n` of graph #\d+ is float 4.0, but the parameter is sg.i32"),  # as a direct argument
         ({"n": 2**31}, r"sg.i32 holds -2147483648..2147483647"),
         ({"a": 1e39}, r"overflows sg.f32"),
         ({"a": "2"}, r"sg.f32 takes a number, not str"),
@@ -159,6 +160,7 @@ def refused_launch(graph: CudaGraph, out: sg.Tensor, expect: type[Exception], ma
     ids=[
         "unknown-name",
         "inexact-int",
+        "integral-float-for-int",
         "int-range",
         "float-overflow",
         "not-a-number",
@@ -198,10 +200,11 @@ def test_a_graph_without_parameters_refuses_names(sg_device: sg.Device, sg_strea
         (lambda: sg.Param("two words", sg.f32, 1.0), r"name 'two words' cannot"),
         (lambda: sg.Param("class", sg.f32, 1.0), r"name 'class' cannot"),
         (lambda: sg.Param(3, sg.f32, 1.0), r"name 3 cannot"),  # type: ignore[arg-type]
-        (lambda: sg.Param("n", sg.i32, 1.5), r"the default of parameter `n` is 1.5, which sg.i32 cannot hold exactly"),
+        (lambda: sg.Param("n", sg.i32, 1.5), r"the default of parameter `n` is float 1.5, but the parameter is sg.i32"),
+        (lambda: sg.Param("n", sg.i32, 8.0), r"the default of parameter `n` is float 8.0, but the parameter is sg.i32"),
         (lambda: sg.Param("n", "complex128", 1), r"is not a dtype scopegraph supports"),
     ],
-    ids=["reserved", "not-identifier", "keyword", "not-a-string", "inexact-default", "bad-dtype"],
+    ids=["reserved", "not-identifier", "keyword", "not-a-string", "inexact-default", "float-default", "bad-dtype"],
 )
 def test_param_declarations_are_checked(make: Callable[[], object], match: str) -> None:
     with pytest.raises(sg.SignatureError, match=match) as info:
