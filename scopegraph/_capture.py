@@ -299,7 +299,8 @@ def node_types(graph_handle: Any) -> list[str]:
 
 
 def check_no_allocation_nodes(what: str, where: str, graph_handle: Any) -> int:
-    """Refuse a captured graph with memory allocation or free nodes; the number of nodes otherwise."""
+    """Refuse a captured graph with memory allocation or free nodes; otherwise the number of nodes
+    that do work (child graphs are looked into and not counted themselves: PyTorch's capture is one)."""
     kinds = node_types(graph_handle)
     allocs = [k for k in kinds if k.endswith(("MEM_ALLOC", "MEM_FREE"))]
     if allocs:
@@ -310,7 +311,7 @@ def check_no_allocation_nodes(what: str, where: str, graph_handle: Any) -> int:
                 help="allocate before the scope and let the work write into declared tensors (e.g. out=)",
             )
         )
-    return len(kinds)
+    return sum(not k.endswith("_TYPE_GRAPH") for k in kinds)
 
 
 # -- the two ways of capturing ----------------------------------------------------------------
@@ -588,16 +589,25 @@ class Region:
         device = scope.stream.device
         if device.is_cuda:
             backend = device.backend
-            if self.via == "torch":
-                self._capture = _TorchCapture(device.index, self.mode, f"`{self.op.label_name}`", self.location)
-            else:
-                self._capture = _CoreCapture(backend, self.mode)
-            self._refuse_cupy_allocations()
-            try:
+            try:  # making the capture stream, or starting to capture on it, may fail
+                if self.via == "torch":
+                    self._capture = _TorchCapture(device.index, self.mode, f"`{self.op.label_name}`", self.location)
+                else:
+                    self._capture = _CoreCapture(backend, self.mode)
+                self._refuse_cupy_allocations()
                 self._capture.begin()
-            except BaseException:
+            except BaseException as exc:
                 self._restore_cupy()
                 self._capture = None
+                if isinstance(exc, Exception) and not isinstance(exc, ScopeGraphError):
+                    raise CaptureError(
+                        diagnostic(
+                            f"the capture of captured region `{self.op.label_name}` could not start: {_cause(exc)}",
+                            [f"opened at {self.location}", *_explain(exc)],
+                            help="end any capture already running on this thread or its device (another "
+                            "library's torch.cuda.graph or stream capture) before opening the region",
+                        )
+                    ) from exc
                 raise
             if isinstance(self._capture, _TorchCapture):
                 self.torch_stream = self._capture.stream
@@ -634,6 +644,26 @@ class Region:
             if capture is not None:
                 definition, kept = capture.end(what, self.location)
                 self.op.nodes_captured = check_no_allocation_nodes(what, self.location, definition.handle)
+                if self.op.nodes_captured == 0:
+                    raise CaptureError(
+                        diagnostic(
+                            f"the {what} captured no GPU work",
+                            [
+                                f"opened at {self.location}",
+                                "work launched on another stream ran eagerly when it was recorded, "
+                                "and will not run at the graph's replays",
+                            ],
+                            help=(
+                                "launch the work inside the `with` block on the region's stream: "
+                                + (
+                                    "torch ops on CUDA tensors (the capture stream is current)"
+                                    if self.via == "torch"
+                                    else "region.stream, or region.handle for a library that takes a raw stream"
+                                )
+                                + "; leave the region out if it has nothing to do on the GPU"
+                            ),
+                        )
+                    )
                 self.op.definition = definition
                 self.op.kept.extend(kept)
         finally:

@@ -293,6 +293,61 @@ def test_torch_matmul_between_scopegraph_kernels() -> None:
 
 
 @pytest.mark.sg_cuda
+@pytest.mark.parametrize("via", ["cuda", "torch"])
+def test_a_region_that_captured_no_gpu_work_is_refused(via: str) -> None:
+    """Work launched on another stream than the region's runs eagerly at record time and never at
+    the replays; the region's node would be empty. Refused when the region ends, with help."""
+    torch: Any = pytest.importorskip("torch") if via == "torch" else None
+    dev = sg.device("cuda")
+    stream = dev.stream()
+    a, c = dev.zeros((64,), name="a"), dev.zeros((64,), name="c")
+    with CudaGraph.scope(stream) as s:
+        s.record(library.fill_op(a.mut(), 1.0))
+        with (
+            pytest.raises(sg.CaptureError, match="captured no GPU work") as info,
+            s.capture(reads=[a], writes=[c.mut()], via=via, name="forgot"),
+        ):
+            if via == "cuda":
+                dev.stream().run(library.add_op(c.mut(), a, a))  # on a stream of its own: eager
+            else:
+                torch.ones(64).add_(1)  # tensors on the CPU: nothing for the GPU to capture
+        assert "help: launch the work inside the `with` block" in str(info.value)
+        s.record(library.add_op(c.mut(), a, a))
+    with s.graph as graph:
+        assert len(graph.nodes) == 2
+        graph.launch()
+        graph.sync()
+    np.testing.assert_array_equal(c.numpy(), 2.0)
+    assert_stream_usable(stream)
+
+
+@pytest.mark.sg_cuda
+def test_a_region_opened_inside_another_librarys_capture_is_a_capture_error() -> None:
+    """The region's capture cannot start while PyTorch captures on this thread (global mode):
+    a CaptureError that says so, not PyTorch's or the driver's own exception. (PyTorch's own
+    capture is invalidated by the attempt: its end raises PyTorch's error, outside scopegraph.)"""
+    torch = pytest.importorskip("torch")
+    dev = sg.device("cuda")
+    stream = dev.stream()
+    a, c = dev.zeros((64,), name="a"), dev.zeros((64,), name="c")
+    outer = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    scratch = torch.zeros(4, device="cuda")
+    with CudaGraph.scope(stream) as s:
+        with pytest.raises(Exception) as outer_end, torch.cuda.graph(outer, stream=side):
+            scratch.add_(1)
+            with (
+                pytest.raises(sg.CaptureError, match="could not start") as info,
+                s.capture(reads=[a], writes=[c.mut()], via="torch"),
+            ):
+                pass
+        assert "help: end any capture already running" in str(info.value)
+        assert not isinstance(outer_end.value, sg.ScopeGraphError)  # PyTorch's own, at its capture's end
+    torch.cuda.synchronize()
+    assert_stream_usable(stream)
+
+
+@pytest.mark.sg_cuda
 def test_cupy_kernel_between_scopegraph_kernels() -> None:
     cupy = pytest.importorskip("cupy")
     dev = sg.device("cuda")
