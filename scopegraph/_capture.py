@@ -317,6 +317,12 @@ def check_no_allocation_nodes(what: str, where: str, graph_handle: Any) -> int:
 # -- the two ways of capturing ----------------------------------------------------------------
 
 
+def _failed(headline: str, where: str, exc: BaseException, help: str) -> CaptureError:
+    """The CaptureError for a capture that another library or the driver made fail: ``headline``
+    and the cause, where the region was opened, what the driver's refusal usually means."""
+    return CaptureError(diagnostic(f"{headline}: {_cause(exc)}", [f"opened at {where}", *_explain(exc)], help=help))
+
+
 def _cause(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"
@@ -360,13 +366,12 @@ class _CoreCapture:
             _drop_capture_stream(self.backend)
             with contextlib.suppress(Exception):
                 builder.close()
-            raise CaptureError(
-                diagnostic(
-                    f"the capture of {what} failed when it ended: {_cause(exc)}",
-                    [f"opened at {where}", *_explain(exc)],
-                    help="make every stream that joined the capture join back (capture stream waits on it) "
-                    "and keep the region's work capturable",
-                )
+            raise _failed(
+                f"the capture of {what} failed when it ended",
+                where,
+                exc,
+                "make every stream that joined the capture join back (capture stream waits on it) "
+                "and keep the region's work capturable",
             ) from exc
         definition = builder.graph_definition
         builder.close()
@@ -455,12 +460,11 @@ class _TorchCapture:
             self._leave((None, None, None))
         except Exception as exc:
             self._forget()
-            raise CaptureError(
-                diagnostic(
-                    f"the PyTorch capture of {what} failed when it ended: {_cause(exc)}",
-                    [f"opened at {where}", *_explain(exc)],
-                    help="make every stream that joined the capture join back, and keep the region's work capturable",
-                )
+            raise _failed(
+                f"the PyTorch capture of {what} failed when it ended",
+                where,
+                exc,
+                "make every stream that joined the capture join back, and keep the region's work capturable",
             ) from exc
         grown = int(self.torch.cuda.memory_allocated(self.index)) - self.before
         if grown > 0:
@@ -600,13 +604,12 @@ class Region:
                 self._restore_cupy()
                 self._capture = None
                 if isinstance(exc, Exception) and not isinstance(exc, ScopeGraphError):
-                    raise CaptureError(
-                        diagnostic(
-                            f"the capture of captured region `{self.op.label_name}` could not start: {_cause(exc)}",
-                            [f"opened at {self.location}", *_explain(exc)],
-                            help="end any capture already running on this thread or its device (another "
-                            "library's torch.cuda.graph or stream capture) before opening the region",
-                        )
+                    raise _failed(
+                        f"the capture of captured region `{self.op.label_name}` could not start",
+                        self.location,
+                        exc,
+                        "end any capture already running on this thread or its device (another "
+                        "library's torch.cuda.graph or stream capture) before opening the region",
                     ) from exc
                 raise
             if isinstance(self._capture, _TorchCapture):
@@ -632,13 +635,12 @@ class Region:
                 if capture is not None:
                     capture.abort()
                 if capture is not None and isinstance(exc, Exception) and not isinstance(exc, ScopeGraphError):
-                    raise CaptureError(
-                        diagnostic(
-                            f"the capture of {what} failed: {_cause(exc)}",
-                            [f"opened at {self.location}", *_explain(exc)],
-                            help="keep the region's work capturable: no allocation, no synchronisation, no copy to the "
-                            "host; launch everything on the region's stream",
-                        )
+                    raise _failed(
+                        f"the capture of {what} failed",
+                        self.location,
+                        exc,
+                        "keep the region's work capturable: no allocation, no synchronisation, no copy to the "
+                        "host; launch everything on the region's stream",
                     ) from exc
                 return  # not recorded; the scope stays usable (and abandons itself if the error escapes)
             if capture is not None:
