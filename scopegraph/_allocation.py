@@ -16,9 +16,10 @@ regions, made once when an allocation is created, never on the record path.
 A region's span can outlive the members that made it: when a wrapper is released its region keeps
 its span (and is marked ``stale``), since releases arrive from finalizers at any point of any code
 and must never change another allocation's ``region`` there. The next registration that touches a
-stale region first splits it into the connected groups of its live members (under the map's lock,
-where merges change regions too), so a new wrapper joins only wrappers whose bytes it overlaps,
-through live members, and never one that a dropped wrapper once bridged to. Splitting keeps every
+stale region, and the next reader of a stale region's members (``aliases()``: pins, eager work,
+updates), first split it into the connected groups of its live members (under the map's lock,
+where merges change regions too), so a wrapper is grouped only with wrappers whose bytes it
+overlaps through live members, never with one that a dropped wrapper once bridged to. Splitting keeps every
 pair of overlapping live allocations in one region: it refuses nothing that overlaps.
 
 Who owns what: an owned allocation's storage (a cuda.core ``Buffer`` or a numpy array) is released
@@ -121,6 +122,14 @@ class MemoryMap:
             group.frozen += len(member.frozen)
             member.region = group
 
+    def refresh(self, region: Region) -> None:
+        """Split ``region`` if it is stale (see the module docstring), under the lock: for readers of
+        a region's members, so that a dropped wrapper bridges no two live ones there either."""
+        with self._lock:
+            self._apply_releases()
+            if region.stale and self._regions.get(region.start) is region:
+                self._split(region)
+
     def freeze(self, alloc: Allocation, start: int, end: int) -> None:
         """Make [start, end) of ``alloc`` read-only: under the lock, so the region's count of frozen
         ranges agrees with its members' lists when register() merges or splits regions."""
@@ -216,5 +225,7 @@ class Allocation:
 
     def aliases(self) -> list[Allocation]:
         """Every live allocation whose memory may overlap this one's (itself included)."""
+        if self.region.stale:
+            self.device.memory.refresh(self.region)
         found = self.region.allocations()
         return found if found else [self]

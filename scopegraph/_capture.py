@@ -189,9 +189,9 @@ class Captured(GraphNode):
                                 for b in self.borrows
                             ),
                         ],
-                        help="the host callable reads or writes past a tensor it was given, or writes one declared "
-                        "in reads=; keep it to the declared views (host(*writes, *reads)), or declare what it "
-                        "writes in writes=",
+                        help="the host callable reads or writes past a tensor it was given, writes one declared "
+                        "in reads=, or combines views whose shapes differ; keep it to the declared views "
+                        "(host(*writes, *reads)) and their shapes, and declare what it writes in writes=",
                     )
                 ) from exc
 

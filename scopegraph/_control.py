@@ -350,13 +350,22 @@ class Block(Generic[T_co]):
         owner._inner = None
         for body in self.bodies:
             body._close(loop=self.kind == "while")
+        assert self._pin_mark is not None  # entered
+        pin, mark = self._pin_mark
         if exc_type is not None:
             # The loop is not recorded; the owner stays usable (the scope abandons it if the error
             # escapes), and the graph pins nothing of it.
-            assert self._pin_mark is not None  # entered
-            pin, mark = self._pin_mark
             pin.roll_back(mark)
             return
+        try:
+            self._record()
+        except BaseException:
+            pin.roll_back(mark)  # refused as a whole (a freed flag, say): nothing of it stays pinned
+            raise
+
+    def _record(self) -> None:
+        """Record the whole loop or branch into its owner as one ControlNode."""
+        owner = self.owner
         op: ControlNode
         if self.kind == "while":
             counter = None

@@ -269,6 +269,12 @@ def rms_norm_op(out: Mut[Tensor], x: Tensor, w: Tensor, eps: float) -> KernelLau
     d = rows.shape[-1]
     block = rms_norm_block(d)
     if rows.size == 0:  # zero-size ops are no work: one block, rows of no elements
+        weights = borrowed_tensor(w, False, "rms_norm_op", "w")
+        if weights.size < d:  # refused as for rows that exist (the launch below checks no sizes)
+            raise SignatureError(
+                f"rms_norm_op: `w` has {weights.size} elements, fewer than a row of `x` ({d})\n"
+                "help: pass the norm's weights, one per element of a row"
+            )
         return rms_norm.generics(block)[1, block](out, x, w, eps, 0)
     return rms_norm.generics(block)[rows.size // d, block](out, x, w, eps, d)
 

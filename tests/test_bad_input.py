@@ -291,6 +291,33 @@ def test_bools_are_refused_as_sizes_and_row_indices() -> None:
     assert_stream_usable(stream)
 
 
+def test_a_dropped_wrapper_bridges_no_two_live_ones_made_before_it_was_dropped() -> None:
+    """As below, with W3 made while W2 still bridged it to W1: no registration touches the region
+    after W2 is dropped, so reading the region's members (the graph's pin) splits it."""
+    import gc
+
+    from scopegraph import library
+
+    dev = sg.device("host")
+    stream = dev.stream()
+    big = np.zeros(100, np.float32)
+    w1 = sg.Tensor.from_dlpack(big[0:50], name="w1")
+    w2 = sg.Tensor.from_dlpack(big[25:75], name="w2")
+    w3 = sg.Tensor.from_dlpack(big[60:100], name="w3")
+    assert w1.allocation.region is w2.allocation.region is w3.allocation.region
+    del w2
+    gc.collect()
+    with CudaGraph.scope(stream) as s:
+        s.record(library.fill_op(w3.mut(), 1.0))
+    with s.graph as graph:
+        assert not w1.allocation.pins and w3.allocation.pins
+        w1.free()
+        graph.launch()
+        graph.sync()
+    np.testing.assert_array_equal(big[60:], 1.0)
+    assert_stream_usable(stream)
+
+
 def test_a_wrapper_joins_only_wrappers_it_overlaps_after_one_is_dropped() -> None:
     """DESIGN.md section 2: a graph pins the tensors it touches (and the wrappers of the same
     memory). W1 = big[0:50] and W2 = big[25:75] made one region spanning 0..75; W2 was dropped but

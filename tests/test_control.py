@@ -502,6 +502,23 @@ def test_a_loop_or_branch_that_raised_pins_nothing_in_the_graph(sg_device: sg.De
     assert_stream_usable(sg_stream)
 
 
+def test_a_loop_refused_when_its_block_ends_pins_nothing(sg_device: sg.Device, sg_stream: sg.Stream) -> None:
+    """The loop is refused as a whole at the end of its block (its flag was freed inside it, which
+    the flag, not pinned until then, allows): what its body touched is not pinned either."""
+    flag = sg_device.from_numpy(np.array([1], np.int32), name="flag")
+    x, only_loop = sg_device.zeros((4,), name="x"), sg_device.zeros((4,), name="only_loop")
+    with CudaGraph.scope(sg_stream) as s:
+        s.record(library.fill_op(x.mut(), 1.0))
+        with pytest.raises(sg.LifetimeError, match="freed tensor `flag`"), s.while_(flag) as body:
+            body.record(library.fill_op(only_loop.mut(), 3.0))
+            flag.free()
+    with s.graph as graph:
+        assert len(graph.nodes) == 1 and pinned(x) and not pinned(only_loop)
+        only_loop.freeze()
+        only_loop.free()
+    assert_stream_usable(sg_stream)
+
+
 class HostCallback(sg.GraphNode):
     """A node kind a CUDA conditional body cannot hold (like a host callback or an event node)."""
 

@@ -174,7 +174,6 @@ def test_rms_norm_of_no_elements_is_no_work(sg_device: sg.Device, sg_stream: sg.
     """Issue 8: zero-size ops record as no work (rms_norm_op refused rows of no elements, and
     asked for grid 0 when there were no rows)."""
     x, out, w = sg_device.zeros(shape, name="x"), sg_device.zeros(shape, name="out"), sg_device.zeros((8,), name="w")
-    guard = sg_device.full((16,), 7.0, name="guard")  # nothing else is written either
     op = library.rms_norm_op(out.mut(), x, w, 1e-6)
     sg_stream.run(op)
     with sg.CudaGraph.scope(sg_stream) as s:
@@ -183,6 +182,8 @@ def test_rms_norm_of_no_elements_is_no_work(sg_device: sg.Device, sg_stream: sg.
         g.launch()
         g.sync()
     assert out.numpy().shape == shape
-    np.testing.assert_array_equal(guard.numpy(), 7.0)
     with pytest.raises(sg.SignatureError, match="help:"):
         library.rms_norm_op(sg_device.zeros(()).mut(), sg_device.zeros(()), w, 1e-6)
+    if shape[-1]:  # weights too few for a row: refused with no rows too, as with rows
+        with pytest.raises(sg.SignatureError, match="help:"):
+            library.rms_norm_op(out.mut(), x, sg_device.zeros((shape[-1] - 1,), name="short"), 1e-6)

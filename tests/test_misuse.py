@@ -1066,7 +1066,7 @@ def test_host_views_refuse_slices_past_their_ends() -> None:
     m = a.reshape(3, 4)
     assert type(m) is HostView and type(a[2:5]) is HostView  # views stay strict
     # in range, and numpy's own meanings: negative indices and starts, empty slices at the end, masks
-    assert a[:12].shape == (12,) and a[12:].shape == (0,) and a[-100:].shape == (12,) and a[-1] == 11
+    assert a[:12].shape == (12,) and a[12:].shape == (0,) and a[-12:].shape == (12,) and a[-1] == 11
     assert a[11::-1].shape == (12,) and a[np.int32(2) : np.int64(5)].tolist() == [2.0, 3.0, 4.0]
     assert m[1:3, :4].shape == (2, 4) and m[..., :4].shape == (3, 4) and m[None, :3].shape == (1, 3, 4)
     assert m[np.array([True, False, True]), :4].shape == (2, 4)
@@ -1080,6 +1080,7 @@ def test_host_views_refuse_slices_past_their_ends() -> None:
         lambda: m[:4],
         lambda: m[None, :, :5],
         lambda: a[2:][:11],  # a view of a view is checked against its own end
+        lambda: a[-13:],  # the last 13 of 12: before the start
     ]
     for bad in refused:
         with pytest.raises(IndexError, match="reaches past axis"):

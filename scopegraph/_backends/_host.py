@@ -68,10 +68,11 @@ _setitem = np.ndarray.__setitem__
 class HostView(np.ndarray[Any, np.dtype[Any]]):
     """A host reference's numpy view of a tensor, strict where numpy is lenient: indexing it with
     a slice that starts or stops past the end of its axis (``out[:n]`` with ``n`` larger than the
-    view) is an IndexError, because on a GPU that access would reach past the tensor. Integer
-    indices (numpy checks those itself; negative ones count from the end), index arrays and ``...``
-    keep numpy's meaning, and every numpy operation works as on any array. Views of it (``reshape``,
-    slices) are HostViews too; what numpy computes from it (``a * x``, ``w @ x``) is a plain array.
+    view), or starts before its beginning (``x[-n:]``), is an IndexError, because on a GPU that
+    access would reach past the tensor. Integer indices (numpy checks those itself; negative ones
+    count from the end), index arrays and ``...`` keep numpy's meaning, and every numpy operation
+    works as on any array. Views of it (``reshape``, slices) are HostViews too; what numpy
+    computes from it (``a * x``, ``w @ x``) is a plain array.
     """
 
     __slots__ = ()
@@ -81,7 +82,9 @@ class HostView(np.ndarray[Any, np.dtype[Any]]):
             shape = self.shape
             if key.step is not None or not shape:
                 _check_index(key, shape)
-            elif (key.stop is not None and key.stop > shape[0]) or (key.start is not None and key.start > shape[0]):
+            elif (key.stop is not None and key.stop > shape[0]) or (
+                key.start is not None and not -shape[0] <= key.start <= shape[0]
+            ):
                 _check_index(key, shape)  # raises
         elif type(key) is tuple:
             _check_index(key, self.shape)
@@ -123,8 +126,8 @@ def _axes_of(item: object) -> int:
 
 def _check_slice(item: slice, length: int, axis: int, shape: tuple[int, ...]) -> None:
     start, stop, step = item.start, item.stop, item.step
-    if step is None or step > 0:
-        bad = (start is not None and start > length) or (stop is not None and stop > length)
+    if step is None or step > 0:  # a start before the axis (x[-100:] of 12) is past it too
+        bad = (start is not None and not -length <= start <= length) or (stop is not None and stop > length)
     else:
         bad = start is not None and start >= length
     if bad:
@@ -193,8 +196,8 @@ def _thunk(op: GraphNode, values: Mapping[str, np.generic] | None = None) -> Cal
                         *(f"{b.param}: {b.tensor.name} {b.tensor.shape}" for b in op.borrows),
                     ],
                     help="the launch reads or writes past a tensor it was given (on a GPU: an illegal address), "
-                    "or writes one it only reads; check its size arguments, or declare them with "
-                    "@sg.kernel(..., touches=...)",
+                    "writes one it only reads, or combines views whose shapes differ; check its size "
+                    "arguments and shapes, or declare the sizes with @sg.kernel(..., touches=...)",
                 )
             ) from exc
 
