@@ -15,7 +15,9 @@ Two rules keep memory valid while the GPU uses it:
 
 Ordering between streams is kept here too (:func:`order_replay`): a replay waits for eager work
 on the graph's memory from other streams since its last replay (``graph.update`` included), and
-for its own previous replay when it moves to another stream, so a graph never overlaps itself.
+for its own previous replay when it moves to another stream, so a graph never overlaps itself;
+eager work (``graph.update`` included) waits for the last replay of each graph that pins its
+memory when that replay ran on another stream (:func:`note_eager_use`).
 The host backend runs work synchronously, so it keeps no stream bookkeeping at all.
 """
 
@@ -36,10 +38,12 @@ class Pin:
 
     ``writes`` lists the absolute ranges it writes, flat (``freeze()`` is refused on them);
     ``pending`` the streams that ran eager work on its memory since its last replay;
-    ``replayed_on`` every stream it was replayed on (the release of its memory waits for them).
+    ``replayed_on`` every stream it was replayed on (the release of its memory waits for them);
+    ``last_stream`` the stream of its last replay, and ``caught_up`` the streams made to wait for
+    that replay since (eager work on its memory comes after it).
     """
 
-    __slots__ = ("allocations", "description", "last_stream", "pending", "replayed_on", "writes")
+    __slots__ = ("allocations", "caught_up", "description", "last_stream", "pending", "replayed_on", "writes")
 
     def __init__(self, description: str) -> None:
         self.description = description
@@ -50,6 +54,7 @@ class Pin:
         self.pending: set[object] = set()
         self.replayed_on: set[object] = set()
         self.last_stream: object = None
+        self.caught_up: set[object] = set()
 
     def add(self, borrows: Iterable[Borrow]) -> None:
         """Pin what an op touches (and, for foreign memory, every wrapper of the same bytes)."""
@@ -90,9 +95,10 @@ class Pin:
         self.allocations = {}
 
 
-def note_eager_use(borrows: Iterable[Borrow], native_stream: object) -> None:
-    """Eager work was enqueued on ``native_stream``: the memory's release, and the next replay of
-    any graph that pins it, must wait for that stream."""
+def note_eager_use(borrows: Iterable[Borrow], native_stream: object, backend: Backend) -> None:
+    """Eager work is about to be enqueued on ``native_stream``: it waits for the last replay of
+    every graph that pins its memory (launched on another stream, the replay may still read or
+    write it), and the memory's release, and the next replay of those graphs, wait for it."""
     for b in borrows:
         alloc = b.alloc
         alloc.users.add(native_stream)
@@ -100,6 +106,10 @@ def note_eager_use(borrows: Iterable[Borrow], native_stream: object) -> None:
             for a in alloc.aliases():
                 for pin in a.pins.values():
                     pin.pending.add(native_stream)
+                    last = pin.last_stream
+                    if last is not None and last is not native_stream and native_stream not in pin.caught_up:
+                        backend.wait_stream(native_stream, last)
+                        pin.caught_up.add(native_stream)
 
 
 def order_replay(pin: Pin, native_stream: object, backend: Backend) -> None:
@@ -113,6 +123,8 @@ def order_replay(pin: Pin, native_stream: object, backend: Backend) -> None:
                 backend.wait_stream(native_stream, other)
         pin.pending.clear()
     pin.last_stream = native_stream
+    if pin.caught_up:
+        pin.caught_up.clear()  # a new replay: other streams have not waited for it yet
     pin.replayed_on.add(native_stream)
 
 

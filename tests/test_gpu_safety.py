@@ -154,6 +154,29 @@ def test_work_queued_before_a_replay_on_another_stream_is_ordered(cuda: sg.Devic
         np.testing.assert_array_equal(out.numpy(), 2.0)
 
 
+@pytest.mark.parametrize("how", ["graph.update", "eager on a third stream"])
+def test_work_queued_after_a_replay_on_another_stream_waits_for_it(cuda: sg.Device, how: str) -> None:
+    """The mirror of the test above: a replay launched on another stream still reads `inp` (it
+    spins first) when an update or an eager op that overwrites `inp` is queued: that write waits
+    for the replay, which copies the old values."""
+    home, other, side = cuda.stream(), cuda.stream(), cuda.stream()
+    inp = cuda.full((N,), 1.0, name="inp")
+    out = cuda.zeros((N,), name="out")
+    with CudaGraph.scope(home) as s:
+        s.record(slow_copy[N // 256, 256](out.mut(), inp, N, CYCLES))
+    with s.graph as g:
+        g.launch(stream=other)
+        overwrite = sg.memset(inp.mut(), 9.0)
+        if how == "graph.update":
+            g.update(overwrite)  # on the graph's stream, home
+        else:
+            side.run(overwrite)
+        for stream in (home, other, side):
+            stream.sync()
+        np.testing.assert_array_equal(out.numpy(), 1.0)
+        np.testing.assert_array_equal(inp.numpy(), 9.0)
+
+
 def test_a_graph_launched_on_two_streams_in_turn_never_overlaps_itself(cuda: sg.Device) -> None:
     a, b = cuda.stream(), cuda.stream()
     x = cuda.zeros((1,), name="x")

@@ -500,7 +500,7 @@ class CudaBackend:
         self.keep_current()
         native_stream = stream.native
         if op.borrows:
-            note_eager_use(op.borrows, native_stream)
+            note_eager_use(op.borrows, native_stream, self)
         stream.last_work = name = op.name
         self.last_work = (name, stream)
         if isinstance(op, Captured):  # a collective (scopegraph._collectives); regions never run eagerly
