@@ -87,6 +87,22 @@ def test_dropping_a_tensor_while_a_kernel_reads_it(cuda: sg.Device) -> None:
     assert all(float(o.numpy()[0]) == 7.0 for o in others)
 
 
+def test_an_allocation_does_not_wait_for_the_work_on_memory_freed_before(cuda: sg.Device) -> None:
+    """Freeing a tensor that a slow kernel still reads queues its release after that kernel; a
+    new allocation, and a host copy, are made without waiting for it (the kernel still runs when
+    they return) and the kernel reads what it should."""
+    stream = cuda.stream()
+    x, out = cuda.full((N,), 1.0, name="x"), cuda.zeros((N,), name="out")
+    stream.run(slow_copy[N // 256, 256](out.mut(), x, N, 10 * CYCLES))  # about a second
+    finished = stream.native.record()  # type: ignore[attr-defined]
+    x.free()
+    fresh = [cuda.zeros((N,), name="fresh"), cuda.from_numpy(np.full(N, 3.0, np.float32), name="copied")]
+    assert not finished.is_done, "the allocation waited for the kernel that reads the freed memory"
+    stream.sync()
+    np.testing.assert_array_equal(out.numpy(), 1.0)
+    np.testing.assert_array_equal(fresh[1].numpy(), 3.0)
+
+
 def test_free_while_a_kernel_reads_it(cuda: sg.Device) -> None:
     stream = cuda.stream()
     src = cuda.full((N,), 1.0, name="src")

@@ -5,10 +5,11 @@ Who owns what:
 - Device memory is a cuda.core ``Buffer`` owned by an :class:`~scopegraph._allocation.Allocation`;
   views are the allocation's address plus an offset, passed to kernels and graph nodes as plain
   ints (the graph's pin keeps the memory alive, so cuda.core need not retain anything).
-- Memory is allocated on ``memory_stream`` from the device's stream-ordered pool and released by
-  :meth:`CudaBackend.retire` once the allocation is freed or collected: ``memory_stream`` first
+- Memory is allocated on ``allocation_stream`` from the device's stream-ordered pool and released
+  by :meth:`CudaBackend.retire` once the allocation is freed or collected: ``memory_stream`` first
   waits (with events) for every stream that used the memory, then frees it in stream order, so
-  nothing waits on the host and the pool hands the bytes out again only after that work is done.
+  nothing waits on the host and the pool hands the bytes out again only after that work is done
+  (an allocation waits for its own stream only, not for the work that still uses freed memory).
   Borrowed (foreign) memory is not freed; its owner is kept in ``_graveyard`` until the events of
   its users have completed.
 - Each kernel launch op caches its bound form (cuda.core ``Kernel``, ``LaunchConfig`` and the
@@ -304,9 +305,12 @@ class CudaBackend:
             self.arch = f"sm_{self.core.arch}"
             # Programmatic edges between PDL kernels need sm_90 (Hopper) or later.
             self.pdl = int(self.core.arch) >= 90
-            # Allocations and frees are ordered on this stream; allocations are waited for, so a
-            # tensor made eagerly is ready for any stream.
+            # Frees are ordered on this stream, after the work of the streams that used the memory
+            # (retire). Allocations and host copies with no stream of their own go on another one,
+            # and are waited for (a tensor made eagerly is ready for any stream): waiting on this
+            # stream would wait for the work that still uses memory freed before.
             self.memory_stream = self.core.create_stream()
+            self.allocation_stream = self.core.create_stream()
         # Foreign owners kept alive until the events of the work that used them complete. A deque:
         # retire runs from garbage collection, anywhere, so this takes no lock.
         self._graveyard: collections.deque[tuple[list[Event], object]] = collections.deque()
@@ -343,8 +347,8 @@ class CudaBackend:
         self.make_current()
         self._bury()
         with self.driver_call(f"allocating {nbytes} bytes on cuda:{self.core.device_id}"):
-            buf = self.core.allocate(max(nbytes, 1), stream=self.memory_stream)
-            self.memory_stream.sync()
+            buf = self.core.allocate(max(nbytes, 1), stream=self.allocation_stream)
+            self.allocation_stream.sync()
         return buf, int(buf.handle)
 
     def retire(self, storage: object, users: set[object], borrowed: bool) -> None:
@@ -390,8 +394,8 @@ class CudaBackend:
             with self.driver_call("copying device memory to the host"):
                 self.core.sync()  # waits for pending work on every stream that may write it
                 src = Buffer.from_handle(alloc.address + offset, nbytes, owner=alloc)
-                Buffer.from_handle(host.ctypes.data, nbytes, owner=host).copy_from(src, stream=self.memory_stream)
-                self.memory_stream.sync()
+                Buffer.from_handle(host.ctypes.data, nbytes, owner=host).copy_from(src, stream=self.allocation_stream)
+                self.allocation_stream.sync()
         return host
 
     def write(self, tensor: Tensor, array: np.ndarray[Any, Any], stream: Stream | None) -> None:
@@ -399,7 +403,7 @@ class CudaBackend:
         if not tensor.nbytes:
             return
         self.make_current()
-        core_stream: CoreStream = stream.native if stream is not None else self.memory_stream  # type: ignore[assignment]
+        core_stream: CoreStream = stream.native if stream is not None else self.allocation_stream  # type: ignore[assignment]
         with self.driver_call("copying host memory to the device"):
             self._view(tensor).copy_from(
                 Buffer.from_handle(host.ctypes.data, tensor.nbytes, owner=host), stream=core_stream
