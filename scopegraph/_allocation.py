@@ -124,11 +124,17 @@ class MemoryMap:
 
     def refresh(self, region: Region) -> None:
         """Split ``region`` if it is stale (see the module docstring), under the lock: for readers of
-        a region's members, so that a dropped wrapper bridges no two live ones there either."""
-        with self._lock:
+        a region's members, so that a dropped wrapper bridges no two live ones there either. Only
+        if the lock is free: a reader may run inside register() (a finalizer or __del__ during
+        garbage collection there), and a region left whole is only over-cautious."""
+        if not self._lock.acquire(blocking=False):
+            return
+        try:
             self._apply_releases()
             if region.stale and self._regions.get(region.start) is region:
                 self._split(region)
+        finally:
+            self._lock.release()
 
     def freeze(self, alloc: Allocation, start: int, end: int) -> None:
         """Make [start, end) of ``alloc`` read-only: under the lock, so the region's count of frozen
@@ -173,6 +179,7 @@ class Allocation:
         "__weakref__",
         "address",
         "borrowed",
+        "closed_replays",
         "device",
         "freed",
         "frozen",
@@ -206,6 +213,9 @@ class Allocation:
         self.region = Region(address, address + nbytes)
         # Native streams that ran work on this memory: its release waits for them (_lifetime).
         self.users: set[object] = set()
+        # The last replay's stream of each graph released since it pinned this memory, with the
+        # streams whose eager work has waited for that replay (_lifetime.note_eager_use).
+        self.closed_replays: dict[object, set[object]] | None = None
         # Set by _lifetime.track: releases the storage once the GPU is done with it. Idempotent.
         self.release: Callable[[], object] | None = None
 

@@ -67,6 +67,8 @@ class Pin:
                 for a in alloc.aliases() if len(alloc.region.members) > 1 else (alloc,):
                     held[a.id] = a
                     a.pins[id(self)] = self
+                    if a.users:  # the first replay comes after the eager work (and replays) so far
+                        self.pending |= a.users
 
     def mark(self) -> tuple[int, int]:
         """Where the pin stands now (see :meth:`roll_back`)."""
@@ -86,12 +88,18 @@ class Pin:
         return any(w[i] < end and start < w[i + 1] for i in range(0, len(w), 2))
 
     def release(self) -> None:
-        """Unpin; the memory's eventual release waits for every replay of this holder."""
+        """Unpin; the memory's eventual release waits for every replay of this holder, and eager
+        work on it from other streams for the last one (``Allocation.closed_replays``)."""
         key = id(self)
         streams = self.replayed_on
+        last = self.last_stream
         for alloc in self.allocations.values():
             alloc.pins.pop(key, None)
             alloc.users |= streams
+            if last is not None:
+                if alloc.closed_replays is None:
+                    alloc.closed_replays = {}
+                alloc.closed_replays.setdefault(last, set()).update(self.caught_up)
         self.allocations = {}
 
 
@@ -102,14 +110,22 @@ def note_eager_use(borrows: Iterable[Borrow], native_stream: object, backend: Ba
     for b in borrows:
         alloc = b.alloc
         alloc.users.add(native_stream)
-        if alloc.pins or len(alloc.region.members) > 1:
+        if alloc.pins or alloc.closed_replays or len(alloc.region.members) > 1:
             for a in alloc.aliases():
                 for pin in a.pins.values():
                     pin.pending.add(native_stream)
-                    last = pin.last_stream
-                    if last is not None and last is not native_stream and native_stream not in pin.caught_up:
-                        backend.wait_stream(native_stream, last)
-                        pin.caught_up.add(native_stream)
+                    caught = pin.caught_up  # before last_stream: a replay meanwhile replaces the set
+                    _after_replay(native_stream, pin.last_stream, caught, backend)
+                if a.closed_replays:
+                    for last, caught in a.closed_replays.items():
+                        _after_replay(native_stream, last, caught, backend)
+
+
+def _after_replay(native_stream: object, last: object, caught: set[object], backend: Backend) -> None:
+    """``native_stream`` waits for the replay last queued on ``last``, once (``caught`` remembers)."""
+    if last is not None and last is not native_stream and native_stream not in caught:
+        backend.wait_stream(native_stream, last)
+        caught.add(native_stream)
 
 
 def order_replay(pin: Pin, native_stream: object, backend: Backend) -> None:
@@ -123,8 +139,8 @@ def order_replay(pin: Pin, native_stream: object, backend: Backend) -> None:
                 backend.wait_stream(native_stream, other)
         pin.pending.clear()
     pin.last_stream = native_stream
-    if pin.caught_up:
-        pin.caught_up.clear()  # a new replay: other streams have not waited for it yet
+    if pin.caught_up:  # a new replay: other streams have not waited for it yet (a new set: an eager
+        pin.caught_up = set()  # thread that read the old one before this replay adds to that one)
     pin.replayed_on.add(native_stream)
 
 

@@ -193,6 +193,34 @@ def test_work_queued_after_a_replay_on_another_stream_waits_for_it(cuda: sg.Devi
         np.testing.assert_array_equal(inp.numpy(), 9.0)
 
 
+def test_eager_work_after_a_graph_is_closed_still_waits_for_its_last_replay(cuda: sg.Device) -> None:
+    """Closing a graph does not wait for its replay; eager work queued next on its memory does."""
+    home, other, side = cuda.stream(), cuda.stream(), cuda.stream()
+    inp = cuda.full((N,), 1.0, name="inp")
+    out = cuda.zeros((N,), name="out")
+    with CudaGraph.scope(home) as s:
+        s.record(slow_copy[N // 256, 256](out.mut(), inp, N, CYCLES))
+    with s.graph as g:
+        g.launch(stream=other)
+    side.run(sg.memset(inp.mut(), 9.0))  # the replay still reads inp
+    for stream in (home, other, side):
+        stream.sync()
+    np.testing.assert_array_equal(out.numpy(), 1.0)
+
+
+def test_the_first_replay_waits_for_eager_work_queued_before_the_graph_was_recorded(cuda: sg.Device) -> None:
+    home, side = cuda.stream(), cuda.stream()
+    inp = cuda.full((N,), 1.0, name="inp")
+    out = cuda.zeros((N,), name="out")
+    side.run(slow_fill[N // 256, 256](inp.mut(), 2.0, N, CYCLES))  # still running at the launch
+    with CudaGraph.scope(home) as s:
+        s.record(sg.memcpy(out.mut(), inp))
+    with s.graph as g:
+        g.launch()
+        home.sync()
+        np.testing.assert_array_equal(out.numpy(), 2.0)
+
+
 def test_a_graph_launched_on_two_streams_in_turn_never_overlaps_itself(cuda: sg.Device) -> None:
     a, b = cuda.stream(), cuda.stream()
     x = cuda.zeros((1,), name="x")
