@@ -170,42 +170,31 @@ def test_work_queued_before_a_replay_on_another_stream_is_ordered(cuda: sg.Devic
         np.testing.assert_array_equal(out.numpy(), 2.0)
 
 
-@pytest.mark.parametrize("how", ["graph.update", "eager on a third stream"])
+@pytest.mark.parametrize("how", ["graph.update", "eager on a third stream", "eager after the graph is closed"])
 def test_work_queued_after_a_replay_on_another_stream_waits_for_it(cuda: sg.Device, how: str) -> None:
     """The mirror of the test above: a replay launched on another stream still reads `inp` (it
     spins first) when an update or an eager op that overwrites `inp` is queued: that write waits
-    for the replay, which copies the old values."""
+    for the replay, which copies the old values. Closing the graph does not wait for the replay;
+    eager work queued after it still does."""
     home, other, side = cuda.stream(), cuda.stream(), cuda.stream()
     inp = cuda.full((N,), 1.0, name="inp")
     out = cuda.zeros((N,), name="out")
     with CudaGraph.scope(home) as s:
         s.record(slow_copy[N // 256, 256](out.mut(), inp, N, CYCLES))
-    with s.graph as g:
-        g.launch(stream=other)
-        overwrite = sg.memset(inp.mut(), 9.0)
-        if how == "graph.update":
-            g.update(overwrite)  # on the graph's stream, home
-        else:
-            side.run(overwrite)
-        for stream in (home, other, side):
-            stream.sync()
-        np.testing.assert_array_equal(out.numpy(), 1.0)
-        np.testing.assert_array_equal(inp.numpy(), 9.0)
-
-
-def test_eager_work_after_a_graph_is_closed_still_waits_for_its_last_replay(cuda: sg.Device) -> None:
-    """Closing a graph does not wait for its replay; eager work queued next on its memory does."""
-    home, other, side = cuda.stream(), cuda.stream(), cuda.stream()
-    inp = cuda.full((N,), 1.0, name="inp")
-    out = cuda.zeros((N,), name="out")
-    with CudaGraph.scope(home) as s:
-        s.record(slow_copy[N // 256, 256](out.mut(), inp, N, CYCLES))
-    with s.graph as g:
-        g.launch(stream=other)
-    side.run(sg.memset(inp.mut(), 9.0))  # the replay still reads inp
+    graph = s.graph
+    graph.launch(stream=other)
+    overwrite = sg.memset(inp.mut(), 9.0)
+    if how == "graph.update":
+        graph.update(overwrite)  # on the graph's stream, home
+    else:
+        if how == "eager after the graph is closed":
+            graph.close()
+        side.run(overwrite)
     for stream in (home, other, side):
         stream.sync()
     np.testing.assert_array_equal(out.numpy(), 1.0)
+    np.testing.assert_array_equal(inp.numpy(), 9.0)
+    graph.close()
 
 
 def test_the_first_replay_waits_for_eager_work_queued_before_the_graph_was_recorded(cuda: sg.Device) -> None:
