@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import scopegraph as sg
 from scopegraph import CudaGraph, library
@@ -105,3 +106,10 @@ def test_each_replay_takes_another_valid_order() -> None:
             assert all(position[d] < position[n.index] for n in g.nodes for d in n.deps)
         g.launch()
         np.testing.assert_array_equal(total.numpy(), sum(range(8)))
+
+
+@pytest.mark.cuda
+def test_this_suites_cuda_marker_is_the_plugins_sg_cuda(request: pytest.FixtureRequest) -> None:
+    """tests/conftest.py maps this suite's `cuda` marker onto the plugin's: skipped without a GPU."""
+    assert request.node.get_closest_marker("sg_cuda") is not None
+    assert cuda_device_count() > 0
