@@ -120,8 +120,9 @@ class Captured(GraphNode):
         self.label_name = name
         self.where = where
         what = f"capture `{name}`"
-        written = _listed(writes, "writes", what, "writes=[c.mut()]")
-        read = _listed(reads, "reads", what, "reads=[a, b], or leave reads= out")
+        lists = "reads= and writes= take lists of tensors"
+        written = _listed(writes, "writes", what, lists, "writes=[c.mut()]")
+        read = _listed(reads, "reads", what, lists, "reads=[a, b], or leave reads= out")
         self.writes = [borrowed_tensor(w, True, what, f"writes[{i}]") for i, w in enumerate(written)]
         self.reads = [borrowed_tensor(r, False, what, f"reads[{i}]") for i, r in enumerate(read)]
         if not self.writes:
@@ -212,27 +213,12 @@ class Captured(GraphNode):
         return f"{self.name}({args}){size}"
 
 
-def _listed(value: object, argument: str, what: str, example: str) -> list[object]:
-    """The tensors (or borrows) of ``reads=`` or ``writes=``: a list, tuple or other iterable of
-    them, not one tensor, None or a number (a SignatureError)."""
+def _listed(value: object, argument: str, what: str, takes: str, example: str) -> list[object]:
+    """A list argument of a region (``reads=``, ``writes=``, ``keep=``): a list, tuple or other
+    iterable, not one tensor, None or a number (a SignatureError saying what it ``takes``)."""
     if isinstance(value, (Mut, Tensor, str, bytes)) or not isinstance(value, Iterable):
         raise SignatureError(
-            diagnostic(
-                f"{what}: reads= and writes= take lists of tensors; {argument}= got {type(value).__name__} {value!r}",
-                help=f"e.g. {example}",
-            )
-        )
-    return list(value)
-
-
-def _kept(value: object, what: str) -> list[object]:
-    """``keep=``: a list (or other iterable) of objects to keep alive with the graph."""
-    if isinstance(value, (Mut, Tensor, str, bytes)) or not isinstance(value, Iterable):
-        raise SignatureError(
-            diagnostic(
-                f"{what}: keep= takes a list of objects to keep alive, not {type(value).__name__} {value!r}",
-                help="e.g. keep=[module, kernel], or region.hold(obj) inside the region",
-            )
+            diagnostic(f"{what}: {takes}; {argument}= got {type(value).__name__} {value!r}", help=f"e.g. {example}")
         )
     return list(value)
 
@@ -525,7 +511,13 @@ class Region:
             )
         if mode not in MODES:
             raise SignatureError(f"mode={mode!r} is not a capture mode\nhelp: use one of {', '.join(MODES)}")
-        kept = _kept(keep, f"capture `{name}`")
+        kept = _listed(
+            keep,
+            "keep",
+            f"capture `{name}`",
+            "keep= takes a list of objects to keep alive",
+            "keep=[module, kernel], or region.hold(obj) inside the region",
+        )
         self.scope = scope
         self.via = via
         self.mode = mode

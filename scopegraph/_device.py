@@ -21,6 +21,7 @@ from ._dtypes import DTypeLike, as_dtype, float32
 from ._errors import CudaError, SignatureError, diagnostic
 from ._lifetime import track
 from ._ops import _shape
+from ._ops import zeros as zeros_op
 from ._stream import Stream
 from ._tensor import Tensor, check_name
 
@@ -93,8 +94,7 @@ class Device:
 
     def adopt(self, storage: object, address: int, nbytes: int, name: str | None, borrowed: bool) -> Allocation:
         """An Allocation for memory at ``address`` (owned, or borrowed from another library),
-        registered by address and released by the lifetime rules."""
-        check_name(name, "a new tensor")
+        registered by address and released by the lifetime rules. (Its callers check ``name``.)"""
         alloc = Allocation(self, nbytes, storage, address, name, borrowed)
         track(alloc, self.memory)
         return alloc
@@ -103,9 +103,7 @@ class Device:
         self, shape: int | tuple[int, ...] | list[int], dtype: DTypeLike = float32, name: str | None = None
     ) -> Tensor:
         """A new tensor of zeros (False for a bool tensor)."""
-        from ._ops import zeros
-
-        return self._run_setup(zeros(shape, dtype, name))
+        return self._run_setup(zeros_op(shape, dtype, name))
 
     def full(
         self,

@@ -108,14 +108,10 @@ class DType:
         """Equal to the same dtype, and to the alias that names it: ``t.dtype == sg.f32`` (an
         ``Annotated[float, float32]``) is ``t.dtype == sg.float32``; ``sg.f32 == t.dtype`` too,
         through this reflected method. Anything else is not a dtype: NotImplemented."""
-        if other is self:
-            return True
-        if type(other) is DType:
-            return self.name == other.name and self.numpy == other.numpy and self.ctype == other.ctype
-        found = dtype_of_annotation(other)
+        found = other if type(other) is DType else dtype_of_annotation(other)
         if found is None:
             return NotImplemented
-        return found is self or (self.name == found.name and self.numpy == found.numpy and self.ctype == found.ctype)
+        return found is self or (self.name, self.numpy, self.ctype) == (found.name, found.numpy, found.ctype)
 
     def __hash__(self) -> int:
         # Equal DTypes hash alike. The aliases (sg.f32) compare equal but hash as typing objects:

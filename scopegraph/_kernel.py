@@ -581,12 +581,21 @@ def _check_declaration(
     return tuple(sorted((options or {}).items()))  # keys are distinct strs: values are never compared
 
 
-def _host_launch(fn: Callable[..., None]) -> tuple[str, ...]:
+def _host_launch(fn: object) -> tuple[str, ...]:
     """The launch fields ("grid", "block") a host reference declares as keyword-only parameters."""
+    signature = _signature(fn)
+    return () if signature is None else _launch_fields(signature)
+
+
+def _signature(fn: object) -> inspect.Signature | None:
     try:
-        parameters = inspect.signature(fn).parameters
+        return inspect.signature(fn)  # type: ignore[arg-type]
     except (TypeError, ValueError):  # a builtin without a signature: positional arguments only
-        return ()
+        return None
+
+
+def _launch_fields(signature: inspect.Signature) -> tuple[str, ...]:
+    parameters = signature.parameters
     return tuple(
         n for n in ("grid", "block") if n in parameters and parameters[n].kind is inspect.Parameter.KEYWORD_ONLY
     )
@@ -604,11 +613,10 @@ def _check_host(fn: object, kernel: Kernel[Any]) -> tuple[str, ...]:
                 help=f"register a numpy function: @{name}.host then def _(...) with one parameter per kernel parameter",
             )
         )
-    launch = _host_launch(fn)
-    try:
-        signature = inspect.signature(fn)
-    except (TypeError, ValueError):
-        return launch  # cannot be checked before it runs
+    signature = _signature(fn)
+    if signature is None:
+        return ()  # cannot be checked before it runs
+    launch = _launch_fields(signature)
     try:
         signature.bind(*kernel.params, **dict.fromkeys(launch))
     except TypeError as exc:

@@ -15,7 +15,7 @@ import numpy as np
 from ._borrow import Borrow, check_borrows
 from ._dtypes import DType, DTypeLike, as_dtype, float32
 from ._errors import SignatureError, diagnostic
-from ._tensor import Mut, Tensor, check_name
+from ._tensor import Mut, Tensor, _refuse_bool, check_name
 
 if TYPE_CHECKING:
     from ._device import Device
@@ -277,13 +277,8 @@ class AllocationOp(Op[Tensor]):
 
 def _shape(shape: int | tuple[int, ...] | list[int]) -> tuple[int, ...]:
     given = tuple(shape) if isinstance(shape, (tuple, list)) else (shape,)
-    if any(isinstance(d, (bool, np.bool_)) for d in given):  # ints to Python, but never meant as sizes
-        raise SignatureError(
-            diagnostic(
-                f"shape {shape!r} has a bool where a size goes",
-                help="pass sizes as ints, e.g. (1,) rather than (True,)",
-            )
-        )
+    for d in given:
+        _refuse_bool(d, f"a size in shape {shape!r}", "pass sizes as ints, e.g. (1,) rather than (True,)")
     try:
         dims = tuple(operator.index(d) for d in given)
     except TypeError:

@@ -78,15 +78,7 @@ class HostView(np.ndarray[Any, np.dtype[Any]]):
     __slots__ = ()
 
     def __getitem__(self, key: Any) -> Any:
-        if type(key) is slice:
-            shape = self.shape
-            if key.step is not None or not shape:
-                _check_index(key, shape)
-            elif (key.stop is not None and key.stop > shape[0]) or (
-                key.start is not None and not -shape[0] <= key.start <= shape[0]
-            ):
-                _check_index(key, shape)  # raises
-        elif type(key) is tuple:
+        if type(key) is slice or type(key) is tuple:
             _check_index(key, self.shape)
         return _getitem(self, key)
 
