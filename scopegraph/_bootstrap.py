@@ -102,6 +102,11 @@ class SingleBootstrap:
 
 
 _LENGTH = struct.Struct("!Q")
+# Connecting: a rank sends (rank, world size); rank 0 answers every rank with (world size, status)
+# once all have connected, so ranks started with different WORLD_SIZEs fail on every rank instead
+# of exchanging with the wrong number of peers.
+_HELLO = struct.Struct("!II")
+_AGREED, _REFUSED = 0, 1
 
 
 def _send(sock: socket.socket, data: bytes) -> None:
@@ -163,12 +168,25 @@ class SocketBootstrap:
             while len(peers) < world_size - 1:
                 try:
                     conn, _ = listener.accept()
+                    conn.settimeout(self.timeout)
+                    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    peer, peer_world = _HELLO.unpack(_recv_exact(conn, _HELLO.size))
                 except TimeoutError:
+                    self._answer([*peers.values()], _REFUSED)
                     raise self._timeout(f"waiting for {world_size - 1 - len(peers)} rank(s) to connect") from None
-                conn.settimeout(self.timeout)
-                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                (peer,) = struct.unpack("!I", _recv_exact(conn, 4))
+                except (ConnectionError, OSError):
+                    continue  # a connection that closed before it said who it is: not one of the ranks
+                if peer_world != world_size or not 0 < peer < world_size or peer in peers:
+                    self._answer([*peers.values(), conn], _REFUSED)
+                    raise self._disagree(
+                        f"rank {peer} connected with WORLD_SIZE={peer_world}"
+                        if peer_world != world_size
+                        else f"a second rank connected as rank {peer}"
+                        if peer in peers
+                        else f"a rank connected as rank {peer}, outside 1..{world_size - 1}"
+                    )
                 peers[peer] = conn
+            self._answer([*peers.values()], _AGREED)
             self._peers = [peers[r] for r in range(1, world_size)]
         else:
             while True:
@@ -181,8 +199,43 @@ class SocketBootstrap:
                     time.sleep(0.05)
             conn.settimeout(self.timeout)
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn.sendall(struct.pack("!I", rank))
             self._root = conn
+            try:
+                conn.sendall(_HELLO.pack(rank, world_size))
+                root_world, status = _HELLO.unpack(_recv_exact(conn, _HELLO.size))
+            except TimeoutError:
+                raise self._timeout("waiting for every rank to connect to rank 0") from None
+            except (ConnectionError, OSError) as exc:
+                raise self._lost(exc) from exc
+            if root_world != world_size:
+                raise self._disagree(f"rank 0 runs with WORLD_SIZE={root_world}")
+            if status != _AGREED:
+                raise self._disagree("rank 0 refused the ranks that connected (its own error names the cause)")
+
+    def _answer(self, conns: list[socket.socket], status: int) -> None:
+        """Rank 0's answer to the ranks that connected (best effort when refusing: they may be gone)."""
+        for conn in conns:
+            with contextlib.suppress(OSError):
+                conn.sendall(_HELLO.pack(self.world_size, status))
+
+    def _disagree(self, what: str) -> DistributedError:
+        return DistributedError(
+            diagnostic(
+                f"rank {self.rank} runs with WORLD_SIZE={self.world_size}, but {what}",
+                ["the ranks were started with different launch environments"],
+                help="start every rank with the same WORLD_SIZE, MASTER_ADDR and MASTER_PORT and a RANK of its own "
+                "(torchrun does)",
+            )
+        )
+
+    def _lost(self, exc: BaseException) -> DistributedError:
+        return DistributedError(
+            diagnostic(
+                f"rank {self.rank} lost its connection to the other ranks: {exc}",
+                ["another rank ended (an error, or a different program) while this one waited"],
+                help="look at the other ranks' output for the first error",
+            )
+        )
 
     def _cannot_listen(self, exc: OSError) -> DistributedError:
         """Rank 0 cannot listen on MASTER_ADDR:MASTER_PORT (a port in use, an address not of this machine)."""
@@ -232,19 +285,15 @@ class SocketBootstrap:
         except TimeoutError:
             raise self._timeout("in an exchange between ranks") from None
         except (ConnectionError, OSError) as exc:
-            raise DistributedError(
-                diagnostic(
-                    f"rank {self.rank} lost its connection to the other ranks: {exc}",
-                    ["another rank ended (an error, or a different program) while this one waited"],
-                    help="look at the other ranks' output for the first error",
-                )
-            ) from exc
+            raise self._lost(exc) from exc
         out, at = [], 0
-        for _ in range(self.world_size):
+        while at < len(packed):
             (n,) = _LENGTH.unpack_from(packed, at)
             at += _LENGTH.size
             out.append(packed[at : at + n])
             at += n
+        if len(out) != self.world_size or at != len(packed):
+            raise self._disagree(f"an exchange came back with {len(out)} ranks' data")
         return out
 
     def close(self) -> None:

@@ -29,7 +29,7 @@ import numpy as np
 
 from ._errors import SignatureError, diagnostic
 from ._graph import CudaGraph
-from ._scope import Scope
+from ._scope import Scope, checked_order
 from ._stream import Stream
 
 K = TypeVar("K", bound=Hashable)
@@ -57,6 +57,7 @@ class GraphCache(Generic[K]):
         if isinstance(maxsize, (bool, np.bool_)) or not isinstance(maxsize, (int, np.integer)) or maxsize < 1:
             raise SignatureError(f"GraphCache maxsize={maxsize!r} is not a positive int\nhelp: pass e.g. maxsize=8")
         maxsize = int(maxsize)
+        checked_order(order)
         self.stream = stream
         self.record = record
         self.maxsize = maxsize
@@ -89,12 +90,18 @@ class GraphCache(Generic[K]):
             with CudaGraph.scope(self.stream, self.order) as s:
                 self.record(s, key)
             graph = s.graph
+            self._forget_closed()
             self._graphs[key] = (graph, s)
             while len(self._graphs) > self.maxsize:
                 _, (evicted, scope) = self._graphs.popitem(last=False)
                 self.evictions += 1
                 _drop(evicted, scope)
             return graph
+
+    def _forget_closed(self) -> None:
+        """Drop the graphs the user closed: they hold no slot, so no live graph is evicted for them."""
+        for key in [k for k, (graph, _) in self._graphs.items() if graph.closed]:
+            del self._graphs[key]
 
     def clear(self) -> None:
         """Drop every graph (each closes now unless the user holds it, as on eviction). The counts stay."""
@@ -104,17 +111,22 @@ class GraphCache(Generic[K]):
                 _drop(graph, scope)
 
     def __len__(self) -> int:
-        return len(self._graphs)
+        with self._lock:
+            self._forget_closed()
+            return len(self._graphs)
 
     def __contains__(self, key: object) -> bool:
         try:
-            return key in self._graphs
+            entry = self._graphs.get(key)  # type: ignore[arg-type]  # any object may be asked about
         except TypeError:
             return False
+        return entry is not None and not entry[0].closed
 
     def keys(self) -> list[K]:
         """The cached keys, least recently used first."""
-        return list(self._graphs)
+        with self._lock:
+            self._forget_closed()
+            return list(self._graphs)
 
     def __repr__(self) -> str:
         return (
@@ -150,11 +162,16 @@ def bucket(n: SupportsIndex, buckets: Iterable[SupportsIndex]) -> int:
     if isinstance(n, bool) or size < 0:
         raise SignatureError(f"sg.bucket() got size {n!r}\nhelp: pass a size >= 0")
     try:
-        sizes = sorted(operator.index(b) for b in buckets)
+        given = list(buckets)
+        if any(isinstance(b, (bool, np.bool_)) for b in given):
+            raise TypeError
+        sizes = sorted(operator.index(b) for b in given)
     except TypeError:
         raise SignatureError(
             "sg.bucket() takes an iterable of int bucket sizes\nhelp: pass e.g. (64, 128, 256)"
         ) from None
+    if sizes and sizes[0] < 1:
+        raise SignatureError(f"sg.bucket() got bucket size {sizes[0]}\nhelp: pass positive sizes, e.g. (64, 128, 256)")
     if not sizes:
         raise SignatureError(
             "sg.bucket() got no buckets\nhelp: pass the sizes graphs are recorded for, e.g. (64, 128, 256)"

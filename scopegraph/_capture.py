@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import inspect
 import sys
 import threading
 from collections.abc import Callable, Iterable, Sequence
@@ -102,6 +103,28 @@ class CaptureError(ScopeGraphError):
     or work was left on a stream that was not joined back to the capture stream."""
 
 
+def _check_host(host: object, what: str, arguments: list[str]) -> None:
+    """``host`` must be callable as ``host(*writes, *reads)``: refused at the region's line, not
+    at the first replay on the host backend."""
+    if not callable(host):
+        raise SignatureError(f"{what}: host= must be a callable, not {type(host).__name__}\nhelp: pass a function")
+    try:
+        signature = inspect.signature(host)
+    except (TypeError, ValueError):  # a builtin without a signature: checked when it runs
+        return
+    try:
+        signature.bind(*arguments)
+    except TypeError as exc:
+        raise SignatureError(
+            diagnostic(
+                f"{what}: the host callable {getattr(host, '__name__', repr(host))}{signature} cannot take "
+                f"the region's {len(arguments)} tensors ({exc})",
+                ["the host backend calls it as host(*writes, *reads): " + (", ".join(arguments) or "no tensors")],
+                help=f"give it {len(arguments)} positional parameters, the writes first, then the reads",
+            )
+        ) from None
+
+
 class Captured(GraphNode):
     """Foreign GPU work as one child-graph node: declared reads and writes, the captured graph
     (``definition``, set when the region's capture ends), what must stay alive with it (``kept``),
@@ -133,8 +156,12 @@ class Captured(GraphNode):
                     help="declare what the work writes: writes=[t.mut(), ...]",
                 )
             )
-        if host is not None and not callable(host):
-            raise SignatureError(f"{what}: host= must be a callable, not {type(host).__name__}\nhelp: pass a function")
+        if host is not None:
+            _check_host(
+                host,
+                what,
+                [f"writes[{i}]" for i in range(len(self.writes))] + [f"reads[{i}]" for i in range(len(self.reads))],
+            )
         self.host = host
         self.definition: GraphDefinition | None = None
         self.kept: list[object] = []
@@ -547,6 +574,10 @@ class Region:
     @property
     def location(self) -> str:
         return f"{self.where[0]}:{self.where[1]}"
+
+    @property
+    def description(self) -> str:
+        return f"captured region `{self.op.label_name}`"
 
     def __repr__(self) -> str:
         return f"<Region `{self.op.label_name}` via {self.via}, {'capturing' if self.capturing else 'not capturing'}>"

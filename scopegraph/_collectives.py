@@ -11,10 +11,11 @@
 
 Each collective is a GraphNode with borrows like any op's: it writes ``dst`` (``.mut()``) and reads
 ``src`` (``src=None`` means in place), so the DAG orders it after the ops that produce what it
-sends and before the ops that use what it receives. Each also borrows its communicator's ordering
-token mutably, so the collectives of one communicator form a chain in record order: NCCL needs
-every rank to issue them in the same order, and the host backend's random replay order would
-otherwise reorder independent ones.
+sends and before the ops that use what it receives. Each also borrows its device's ordering token
+mutably, so the collectives of a process form a chain in record order, whichever communicator
+they belong to: NCCL needs every rank to issue them in the same order (two communicators' calls
+on parallel branches could deadlock), and the host backend's random replay order would otherwise
+reorder independent ones.
 
 On CUDA a collective runs on NCCL through NVIDIA's ``nccl4py`` (``nccl.core.Communicator``; its
 calls take a cuda.core stream or graph builder): eagerly on the stream, and in a graph as a captured
@@ -47,6 +48,7 @@ import importlib
 import itertools
 import json
 import os
+import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -78,6 +80,10 @@ _SUPPORTED = ("int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", 
 _ids = itertools.count()
 # Whether any collective was ever built in this process: scopes skip the rank check until one is.
 _made = False
+# The ordering token of each device's collectives (see the module docstring); devices live as
+# long as the process.
+_tokens: dict[Device, Tensor] = {}
+_tokens_lock = threading.Lock()
 
 
 class CollectiveMismatchError(DistributedError):
@@ -94,8 +100,13 @@ class Communicator:
         self.rank = bootstrap.rank
         self.world_size = bootstrap.world_size
         self.id = next(_ids)
-        # Borrowed mutably by every collective of this communicator: they form a chain in record order.
-        self.token = device.zeros((1,), int32, name=f"comm{self.id}")
+        # Borrowed mutably by every collective on this device, of any communicator: they form a
+        # chain in record order.
+        with _tokens_lock:
+            token = _tokens.get(device)
+            if token is None:
+                token = _tokens[device] = device.zeros((1,), int32, name="collectives")
+        self.token = token
         self.check_eager = check_eager
         self._nccl: Any = None
         self._closed = False
@@ -331,7 +342,9 @@ class Collective(Captured):
         return f"{self.kind}(mut {self.dst.name}{src}{extra}) on comm{self.comm.id}"
 
     def signature(self) -> str:
-        """What every rank must agree on: kind, dtype, sizes, reduction and root."""
+        """What every rank must agree on: kind, dtype, sizes, reduction and root (not whether a
+        rank's call is in place: NCCL allows ranks to differ there, and a broadcast's ``src``
+        matters on the root only)."""
         dt = self.dst.dtype.name
         if self.kind == "broadcast":
             detail = f"root={self.root}"
@@ -339,8 +352,7 @@ class Collective(Captured):
             detail = ""
         else:
             detail = self.op
-        place = "in place" if self.src is self.dst else "out of place"
-        return f"{self.kind} {detail} {dt}[{self.src.size}] -> {dt}[{self.dst.size}] ({place})".replace("  ", " ")
+        return f"{self.kind} {detail} {dt}[{self.src.size}] -> {dt}[{self.dst.size}]".replace("  ", " ")
 
     def execute(self, stream: Stream) -> None:
         stream.device.backend.run(self, stream)

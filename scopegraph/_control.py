@@ -299,8 +299,12 @@ class Block(Generic[T_co]):
     def location(self) -> str:
         return f"{self.where[0]}:{self.where[1]}"
 
+    @property
+    def description(self) -> str:
+        return "loop" if self.kind == "while" else "branch"
+
     def busy(self, what: str) -> ScopeStateError:
-        label = "loop" if self.kind == "while" else "branch"
+        label = self.description
         return ScopeStateError(
             diagnostic(
                 f"cannot {what} while the {label} opened at {self.location} is recording",

@@ -240,7 +240,8 @@ class CudaGraph:
             for i, op in changes.items():
                 nodes[i].op = op  # the user's handles show what the node runs now
             repin(self._pin, all_borrows(nodes))
-            self.last_update = "nodes"
+            if changes:
+                self.last_update = "nodes"
 
     def _rerecord(self, nodes: tuple[RecordedNode, ...], stream: Stream, pin: Pin, order: str) -> None:
         """A clean exit of ``CudaGraph.scope(stream, into=self)``: take the new recording, by a

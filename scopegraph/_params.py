@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 T = TypeVar("T", bound=float)
 
 # Names graph.launch() takes itself.
-RESERVED = frozenset({"stream"})
+RESERVED = frozenset({"self", "stream"})  # graph.launch(self, stream=None, **params)
 
 
 def _argument(dtype: DType, value: object, what: str) -> np.generic:
@@ -64,8 +64,8 @@ class Param(Generic[T]):
             raise SignatureError(
                 diagnostic(
                     f"sg.Param name {name!r} cannot be a keyword argument of graph.launch()",
-                    ["graph.launch(name=value) sets a parameter, and `stream` is launch's own argument"],
-                    help="name the parameter with a Python identifier other than `stream`, "
+                    ["graph.launch(name=value) sets a parameter, and `self` and `stream` are launch's own"],
+                    help="name the parameter with a Python identifier other than `self` and `stream`, "
                     'e.g. sg.Param("eps", sg.f32, 1e-5)',
                 )
             )

@@ -114,11 +114,7 @@ class Scope:
                 f"CudaGraph.scope() needs a scopegraph Stream, not {type(stream).__name__}\n"
                 "help: use dev.stream(), or sg.Stream.from_handle(obj) for another library's stream"
             )
-        tracker = ORDERS.get(order) if isinstance(order, str) else None
-        if tracker is None:
-            raise SignatureError(
-                f'order={order!r} is not an ordering\nhelp: use order="dataflow" (default) or order="program"'
-            )
+        tracker = checked_order(order)
         self.stream = stream
         # What a clean exit builds (CudaGraph, passed in by CudaGraph.scope: the graph module
         # imports this one, not the other way round).
@@ -269,6 +265,19 @@ class Scope:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stream.recording = None
+        inner = self._inner
+        if inner is not None:  # a region or block entered without `with` (an ExitStack) and never ended
+            unclosed = ScopeStateError(
+                diagnostic(
+                    f"the scope ended while the {inner.description} opened at {inner.location} was still open",
+                    ["what it holds is not in the graph"],
+                    help="end its `with` block inside the scope's `with` block",
+                )
+            )
+            inner.__exit__(ScopeStateError, unclosed, None)  # aborts its capture, takes back its pins
+            if exc_type is None:
+                self._abandon()
+                raise unclosed
         if exc_type is not None:
             self._abandon()
             return
@@ -295,6 +304,16 @@ class Scope:
         self._nodes = []
         self._tracker = None
         self._state = _State.FAILED
+
+
+def checked_order(order: object) -> type[DataflowTracker] | type[ProgramOrderTracker]:
+    """The tracker that ``order`` names (``CudaGraph.scope``'s and ``GraphCache``'s ``order=``)."""
+    tracker = ORDERS.get(order) if isinstance(order, str) else None
+    if tracker is None:
+        raise SignatureError(
+            f'order={order!r} is not an ordering\nhelp: use order="dataflow" (default) or order="program"'
+        )
+    return tracker
 
 
 def _not_a_graph_node(op: object) -> NotAGraphNodeError:

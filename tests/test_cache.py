@@ -139,6 +139,19 @@ def test_a_graph_the_user_closed_is_built_again(sg_device: sg.Device, sg_stream:
     del g
 
 
+def test_a_graph_the_user_closed_gives_up_its_slot(sg_device: sg.Device, sg_stream: sg.Stream) -> None:
+    """A closed graph holds no slot: the next miss evicts no live graph for it."""
+    work = Workload(sg_device)
+    cache = sg.GraphCache(sg_stream, work.record, maxsize=2)
+    first = cache.get(16)
+    cache.get(32).close()
+    assert len(cache) == 1 and cache.keys() == [16] and 32 not in cache
+    cache.get(64)
+    assert cache.evictions == 0 and not first.closed and cache.keys() == [16, 64]
+    assert cache.get(16) is first and (cache.hits, cache.misses) == (1, 3)
+    cache.clear()
+
+
 def test_keys_may_be_any_hashable(sg_device: sg.Device, sg_stream: sg.Stream) -> None:
     x = sg_device.zeros((8,), name="x")
 
@@ -178,8 +191,9 @@ def test_record_calling_get_is_refused_not_deadlocked(sg_device: sg.Device, sg_s
         (lambda s: sg.GraphCache(s, lambda sc, k: None, maxsize=True), r"maxsize=True is not a positive int"),
         (lambda s: sg.GraphCache(None, lambda sc, k: None), r"GraphCache needs a scopegraph Stream, not NoneType"),  # type: ignore[arg-type]
         (lambda s: sg.GraphCache(s, 3), r"record must be a function record\(s, key\), not int"),  # type: ignore[arg-type]
+        (lambda s: sg.GraphCache(s, lambda sc, k: None, order="bogus"), r"order='bogus' is not an ordering"),
     ],
-    ids=["zero", "bool", "stream", "record"],
+    ids=["zero", "bool", "stream", "record", "order"],
 )
 def test_cache_arguments_are_checked(sg_stream: sg.Stream, make: Callable[[sg.Stream], object], match: str) -> None:
     with pytest.raises(sg.SignatureError, match=match) as info:
@@ -206,8 +220,10 @@ def test_bucket() -> None:
         (1.5, (64,), r"takes an int size, not float"),
         (1, (), r"got no buckets"),
         (1, (1.5,), r"iterable of int bucket sizes"),
+        (5, (True, 64), r"iterable of int bucket sizes"),
+        (0, (-4, 0), r"got bucket size -4"),
     ],
-    ids=["above", "negative", "bool", "float", "empty", "float-bucket"],
+    ids=["above", "negative", "bool", "float", "empty", "float-bucket", "bool-bucket", "negative-bucket"],
 )
 def test_bucket_refusals(n: object, buckets: object, match: str) -> None:
     with pytest.raises(sg.SignatureError, match=match) as info:

@@ -5,9 +5,12 @@ under torchrun."""
 
 from __future__ import annotations
 
+import re
 import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -174,6 +177,44 @@ def test_collectives_of_one_communicator_are_chained() -> None:
     s.graph.close()
 
 
+def test_collectives_of_two_communicators_are_chained_too() -> None:
+    """Every rank must issue them in one order, whichever communicator each belongs to: NCCL
+    calls of two communicators on parallel branches could deadlock, and the host backend's
+    shuffled replay order paired one rank's first all-reduce with another's second."""
+    first, second = one_rank(), one_rank()
+    dev = first.device
+    a, b = dev.zeros((4,), name="a"), dev.zeros((4,), name="b")
+    with CudaGraph.scope(dev.stream()) as s:
+        s.record(first.all_reduce(a.mut()))
+        s.record(second.all_reduce(b.mut()))
+    assert s.graph.nodes[1].deps == {0}
+    s.graph.close()
+
+
+_PLACES = """
+import scopegraph as sg
+comm = sg.init_distributed()
+dev, stream = comm.device, comm.device.stream()
+x = dev.full((4,), float(comm.rank + 1), name="x")
+root_src = dev.full((4,), 7.0, name="w")
+src = root_src if comm.rank == 0 else None  # in place on rank 1, out of place on rank 0
+stream.run(comm.all_reduce(x.mut(), src))
+total = x.numpy()
+with sg.CudaGraph.scope(stream) as s:
+    s.record(comm.broadcast(x.mut(), root=0, src=src))  # the source matters on the root only
+s.graph.launch()
+print("rank", comm.rank, total.tolist(), x.numpy().tolist())
+"""
+
+
+def test_ranks_may_differ_in_where_their_data_is() -> None:
+    """In place on one rank and out of place on another is one collective to NCCL (and a
+    broadcast's source is the root's business): not a mismatch."""
+    for r, done in enumerate(run_ranks(["-c", _PLACES])):
+        assert done.returncode == 0, done.stderr
+        assert f"rank {r} [9.0, 9.0, 9.0, 9.0] [7.0, 7.0, 7.0, 7.0]" in done.stdout
+
+
 @pytest.mark.parametrize(
     "make, message",
     [
@@ -208,6 +249,51 @@ def test_a_collective_in_a_loop_body_is_refused() -> None:
     with CudaGraph.scope(dev.stream()) as s, s.while_(flag) as body:  # noqa: SIM117
         with pytest.raises(sg.NotAGraphNodeError, match="cannot record `all_reduce`"):
             body.record(comm.all_reduce(x.mut()))
+
+
+@pytest.mark.parametrize(
+    ("ranks", "messages"),
+    [
+        (
+            [(0, 2), (1, 3)],
+            {
+                0: r"rank 0 runs with WORLD_SIZE=2, but rank 1 connected with WORLD_SIZE=3",
+                1: r"rank 1 runs with WORLD_SIZE=3, but rank 0 runs with WORLD_SIZE=2",
+            },
+        ),
+        (
+            [(0, 3), (1, 3), (1, 3)],
+            {0: r"but a second rank connected as rank 1", 1: r"rank 0 refused the ranks that connected"},
+        ),
+    ],
+    ids=["world-sizes", "one-rank-twice"],
+)
+def test_ranks_started_in_different_worlds_fail_on_every_rank(
+    ranks: list[tuple[int, int]], messages: dict[int, str]
+) -> None:
+    """Before, rank 0 summed over its own world and the others over theirs: a silent wrong result,
+    or a struct.error."""
+    port = free_port()
+    errors: list[tuple[int, BaseException | None]] = []
+
+    def start(rank: int, world: int) -> None:
+        try:
+            SocketBootstrap(rank, world, "127.0.0.1", port, timeout=10.0).close()
+        except BaseException as exc:
+            errors.append((rank, exc))
+        else:
+            errors.append((rank, None))
+
+    threads = [threading.Thread(target=start, args=r) for r in ranks]
+    for t in threads:
+        t.start()
+        time.sleep(0.05)  # rank 0 listens first
+    for t in threads:
+        t.join(30)
+    assert len(errors) == len(ranks)
+    for rank, exc in errors:
+        assert isinstance(exc, sg.DistributedError), (rank, exc)
+        assert re.search(messages[rank], str(exc)) and "help: start every rank with the same WORLD_SIZE" in str(exc)
 
 
 def test_socket_bootstrap_times_out_without_peers() -> None:

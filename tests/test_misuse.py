@@ -9,6 +9,7 @@ built no graph and left nothing pinned, and that the same stream then runs a val
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Annotated, Any
 
@@ -1015,6 +1016,36 @@ def capture_reads_none(c: Ctx) -> None:
 def capture_keep_a_number(c: Ctx) -> None:
     """s.capture(writes=[y.mut()], keep=5)."""
     _capture(c, writes=[c.zeros(4, "y").mut()], keep=5)
+
+
+@case("SignatureError", r"host callable .* cannot take the region's 2 tensors", r"writes\[0\], reads\[0\]")
+def capture_host_callable_of_the_wrong_arity(c: Ctx) -> None:
+    """s.capture(writes=[y.mut()], reads=[x], host=lambda y: ...): the host backend calls host(y, x)."""
+    x, y = c.zeros(4, "x"), c.zeros(4, "y")
+    with c.scope() as s, s.capture(writes=[y.mut()], reads=[x], host=lambda y: None):
+        pass
+
+
+@case("ScopeStateError", r"scope ended while the captured region `late` opened at .* was still open")
+def scope_ends_with_a_region_open(c: Ctx) -> None:
+    """A region entered through an ExitStack and never ended before the scope's own end."""
+    y = c.zeros(4, "y")
+    regions = contextlib.ExitStack()
+    c.keep.append(regions)
+    with c.scope() as s:
+        s.record(sg.memset(y.mut(), 1.0))
+        regions.enter_context(s.capture(writes=[y.mut()], host=lambda y: None, name="late"))
+
+
+@case("ScopeStateError", r"scope ended while the loop opened at .* was still open")
+def scope_ends_with_a_loop_open(c: Ctx) -> None:
+    """A s.while_ block entered through an ExitStack and never ended before the scope's own end."""
+    y, flag = c.zeros(4, "y"), c.zeros(1, "flag", sg.i32)
+    blocks = contextlib.ExitStack()
+    c.keep.append(blocks)
+    with c.scope() as s:
+        body = blocks.enter_context(s.while_(flag))
+        body.record(sg.memset(y.mut(), 1.0))
 
 
 # -- host backend: a reference that reads or writes out of range ------------------------------------

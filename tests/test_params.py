@@ -197,6 +197,10 @@ def test_a_graph_without_parameters_refuses_names(sg_device: sg.Device, sg_strea
             lambda: sg.Param("stream", sg.f32, 1.0),
             r"sg.Param name 'stream' cannot be a keyword argument of graph.launch",
         ),
+        (
+            lambda: sg.Param("self", sg.f32, 1.0),
+            r"sg.Param name 'self' cannot be a keyword argument of graph.launch",
+        ),
         (lambda: sg.Param("two words", sg.f32, 1.0), r"name 'two words' cannot"),
         (lambda: sg.Param("class", sg.f32, 1.0), r"name 'class' cannot"),
         (lambda: sg.Param(3, sg.f32, 1.0), r"name 3 cannot"),  # type: ignore[arg-type]
@@ -204,7 +208,16 @@ def test_a_graph_without_parameters_refuses_names(sg_device: sg.Device, sg_strea
         (lambda: sg.Param("n", sg.i32, 8.0), r"the default of parameter `n` is float 8.0, but the parameter is sg.i32"),
         (lambda: sg.Param("n", "complex128", 1), r"is not a dtype scopegraph supports"),
     ],
-    ids=["reserved", "not-identifier", "keyword", "not-a-string", "inexact-default", "float-default", "bad-dtype"],
+    ids=[
+        "reserved",
+        "reserved-self",
+        "not-identifier",
+        "keyword",
+        "not-a-string",
+        "inexact-default",
+        "float-default",
+        "bad-dtype",
+    ],
 )
 def test_param_declarations_are_checked(make: Callable[[], object], match: str) -> None:
     with pytest.raises(sg.SignatureError, match=match) as info:

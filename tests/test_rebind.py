@@ -150,6 +150,12 @@ def refused(setup: Setup, mapping: Any, expect: type[Exception], match: str) -> 
     np.testing.assert_array_equal(setup.out.numpy(), np.r_[np.full(16, 5.0), np.full(N - 16, 4.0)])
 
 
+def test_rebinding_nothing_updates_nothing(sg_device: sg.Device, sg_stream: sg.Stream) -> None:
+    setup = Setup(sg_device, sg_stream)
+    setup.graph.rebind({})
+    assert setup.graph.last_update is None  # it tells what happened: nothing
+
+
 def test_refused_dtype(sg_device: sg.Device, sg_stream: sg.Stream) -> None:
     setup = Setup(sg_device, sg_stream)
     refused(
