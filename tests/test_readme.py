@@ -27,7 +27,8 @@ from .helpers import child_env
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 MAX_EXEMPT = 2
-FENCE = re.compile(r"^(?P<fence>`{3,})(?P<info>.*)$")
+# A fence may be indented (a block inside a list item); its code is indented as much.
+FENCE = re.compile(r"^(?P<indent> *)(?P<fence>`{3,})(?P<info>.*)$")
 
 
 NO_RUN = "<!-- no-run -->"
@@ -52,11 +53,12 @@ def blocks(text: str) -> list[Block]:
             continue
         info = m["info"].split()
         end = i + 1
-        while end < len(lines) and lines[end].rstrip() != m["fence"]:
+        while end < len(lines) and lines[end].strip() != m["fence"]:
             end += 1
         assert end < len(lines), f"README.md:{i + 1}: unclosed code fence"
         exempt = i > 0 and lines[i - 1].strip() == NO_RUN
-        found.append(Block(info[0] if info else "", i + 2, "\n".join(lines[i + 1 : end]) + "\n", exempt))
+        code = "\n".join(line.removeprefix(m["indent"]) for line in lines[i + 1 : end])
+        found.append(Block(info[0] if info else "", i + 2, code + "\n", exempt))
         i = end + 1
     return found
 
