@@ -80,6 +80,14 @@ def as_module(chosen: list[Block]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def test_every_fence_is_seen() -> None:
+    """Each fence line of the README (indented ones inside list items too) opens or closes a block
+    the tests run, so no block escapes being run."""
+    text = README.read_text()
+    fences = [line for line in text.splitlines() if line.strip().startswith("```")]
+    assert len(fences) == 2 * len(blocks(text))
+
+
 def test_blocks_are_runnable_or_marked() -> None:
     everything = python_blocks()
     assert len(everything) >= 5, "the README should show the library in runnable code"
