@@ -10,17 +10,21 @@ Each device keeps a :class:`MemoryMap` of live allocations, grouped into *region
 allocations whose address ranges overlap. A scopegraph allocation is a region of its own; foreign
 wrappers of one buffer share a region. Rules that concern memory rather than one wrapper (frozen
 bytes, graphs that write a range) consult the allocation's region, so they hold whichever wrapper
-the user passes. The region lookup is an interval search over a ``SortedDict`` of disjoint
-regions, made once when an allocation is created, never on the record path.
+the user passes. Frozen ranges are kept by the region itself, not by the wrapper that froze them:
+dropping that wrapper unfreezes nothing while another wrapper of the bytes lives. The region
+lookup is an interval search over a ``SortedDict`` of disjoint regions, made once when an
+allocation is created, never on the record path.
 
-A region's span can outlive the members that made it: when a wrapper is released its region keeps
-its span (and is marked ``stale``), since releases arrive from finalizers at any point of any code
-and must never change another allocation's ``region`` there. The next registration that touches a
+A region's span (and its frozen ranges) can outlive the members that made it: when a wrapper is
+released its region keeps them (and is marked ``stale``), since releases arrive from finalizers at
+any point of any code and must never change another allocation's ``region`` there. The next registration that touches a
 stale region, and the next reader of a stale region's members (``aliases()``: pins, eager work,
 updates), first split it into the connected groups of its live members (under the map's lock,
 where merges change regions too), so a wrapper is grouped only with wrappers whose bytes it
 overlaps through live members, never with one that a dropped wrapper once bridged to. Splitting keeps every
-pair of overlapping live allocations in one region: it refuses nothing that overlaps.
+pair of overlapping live allocations in one region: it refuses nothing that overlaps. Each group
+keeps the frozen bytes within its span: bytes that only dropped wrappers covered are frozen memory
+no longer (a wrapper made there later starts writable), the others stay frozen.
 
 Who owns what: an owned allocation's storage (a cuda.core ``Buffer`` or a numpy array) is released
 by ``_lifetime`` once the allocation is freed or collected *and* the GPU work that used it has
@@ -49,7 +53,8 @@ _allocation_ids = itertools.count(1)
 
 
 class Region:
-    """Live allocations whose address ranges overlap (transitively), and the span they cover."""
+    """Live allocations whose address ranges overlap (transitively), the span they cover, and the
+    bytes in it that are frozen."""
 
     __slots__ = ("end", "frozen", "members", "stale", "start")
 
@@ -58,8 +63,10 @@ class Region:
         self.end = end
         # allocation id -> weak reference: the map must not keep wrappers alive.
         self.members: dict[int, weakref.ref[Allocation]] = {}
-        # How many frozen ranges the members hold: the frozen check is skipped while it is 0.
-        self.frozen = 0
+        # Absolute address ranges made read-only by Tensor.freeze() through any member. The
+        # memory's, not the freezing wrapper's: they stay while the region lives (see _split).
+        # Empty (false) for most regions: the frozen checks on the op paths test that first.
+        self.frozen: list[tuple[int, int]] = []
         # A member was released since the span was computed: the span may cover no live member's
         # bytes, or bridge groups that no longer overlap (split on the next registration).
         self.stale = False
@@ -76,7 +83,7 @@ class MemoryMap:
         self._lock = threading.Lock()
         # Releases reported by finalizers, applied under the lock by the next register. A
         # finalizer may run inside register (garbage collection), so it must never take the lock.
-        self._released: collections.deque[tuple[int, int, list[tuple[int, int]]]] = collections.deque()
+        self._released: collections.deque[tuple[int, int]] = collections.deque()
 
     def register(self, alloc: Allocation) -> None:
         start, end = alloc.address, alloc.address + alloc.nbytes
@@ -98,29 +105,37 @@ class MemoryMap:
                 region = Region(min(start, touching[0].start), max(end, touching[-1].end))
                 for old in touching:
                     del regions[old.start]
+                    # Before its members move: a reader without the lock sees their frozen bytes in
+                    # either region.
+                    region.frozen += old.frozen
                     for member in old.allocations():
                         member.region = region
                         region.members[member.id] = weakref.ref(member)
-                    region.frozen += old.frozen
-                region.frozen += alloc.region.frozen
-                alloc.region = region
+                alloc.region = region  # new: nothing frozen through it yet
             region.members[alloc.id] = weakref.ref(alloc)
             regions[region.start] = region
 
     def _split(self, region: Region) -> None:
         """Replace a stale region by the connected groups of its live members (under the lock)."""
         del self._regions[region.start]
-        group: Region | None = None
+        groups: list[tuple[Region, list[Allocation]]] = []
         for member in sorted(region.allocations(), key=lambda a: a.address):
             start, end = member.address, member.address + member.nbytes
-            if group is None or start >= group.end:  # overlap as register() sees it: a shared byte
-                group = Region(start, end)
-                self._regions[start] = group
-            else:
-                group.end = max(group.end, end)
+            if not groups or start >= groups[-1][0].end:  # overlap as register() sees it: a shared byte
+                groups.append((Region(start, end), []))
+            group, members = groups[-1]
+            group.end = max(group.end, end)
             group.members[member.id] = weakref.ref(member)
-            group.frozen += len(member.frozen)
-            member.region = group
+            members.append(member)
+        for group, members in groups:
+            # The frozen bytes that live members still cover (see the module docstring), set
+            # before the members move to the group: a reader without the lock never sees them unfrozen.
+            group.frozen = [
+                (max(s, group.start), min(e, group.end)) for s, e in region.frozen if s < group.end and group.start < e
+            ]
+            self._regions[group.start] = group
+            for member in members:
+                member.region = group
 
     def refresh(self, region: Region) -> None:
         """Split ``region`` if it is stale (see the module docstring), under the lock: for readers of
@@ -137,15 +152,19 @@ class MemoryMap:
             self._lock.release()
 
     def freeze(self, alloc: Allocation, start: int, end: int) -> None:
-        """Make [start, end) of ``alloc`` read-only: under the lock, so the region's count of frozen
-        ranges agrees with its members' lists when register() merges or splits regions."""
+        """Make [start, end) of ``alloc``'s memory read-only: under the lock, where register() and
+        splits move frozen ranges between regions."""
         with self._lock:
-            alloc.frozen.append((start, end))
-            alloc.region.frozen += 1
+            frozen = alloc.region.frozen
+            # A range already frozen is not added again: the list lives as long as the memory's
+            # wrappers do, and a program may freeze a fresh wrapper of its weights every step.
+            if not any(s <= start and end <= e for s, e in frozen):
+                frozen.append((start, end))
 
-    def unregister(self, address: int, alloc_id: int, frozen: list[tuple[int, int]]) -> None:
-        """Called when an allocation is released (it may already be garbage, so by id and address)."""
-        self._released.append((address, alloc_id, frozen))
+    def unregister(self, address: int, alloc_id: int) -> None:
+        """Called when an allocation is released (it may already be garbage, so by id and address).
+        Its frozen bytes stay frozen while another member covers them (see the module docstring)."""
+        self._released.append((address, alloc_id))
         if self._lock.acquire(blocking=False):
             try:
                 self._apply_releases()
@@ -155,14 +174,13 @@ class MemoryMap:
     def _apply_releases(self) -> None:
         regions = self._regions
         while self._released:
-            address, alloc_id, frozen = self._released.popleft()
+            address, alloc_id = self._released.popleft()
             i = regions.bisect_right(address) - 1
             if i < 0:
                 continue
             region = regions.peekitem(i)[1]
             if region.members.pop(alloc_id, None) is None:
                 continue
-            region.frozen -= len(frozen)
             if not region.members:
                 del regions[region.start]
             else:
@@ -182,7 +200,6 @@ class Allocation:
         "closed_replays",
         "device",
         "freed",
-        "frozen",
         "id",
         "name",
         "nbytes",
@@ -208,8 +225,6 @@ class Allocation:
         self.freed = False
         # Holder id -> the graph or open scope that pins this allocation (see _lifetime.Pin).
         self.pins: dict[int, Pin] = {}
-        # Absolute address ranges made read-only by Tensor.freeze().
-        self.frozen: list[tuple[int, int]] = []
         self.region = Region(address, address + nbytes)
         # Native streams that ran work on this memory: its release waits for them (_lifetime).
         self.users: set[object] = set()
@@ -225,10 +240,8 @@ class Allocation:
 
     def frozen_overlap(self, start: int, end: int) -> tuple[int, int] | None:
         """A frozen range of this allocation's region that overlaps [start, end), if any."""
-        if not self.region.frozen or start >= end:
-            return None
-        for member in self.region.allocations():
-            for s, e in member.frozen:
+        if start < end:
+            for s, e in self.region.frozen:
                 if s < end and start < e:
                     return s, e
         return None

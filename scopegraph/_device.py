@@ -70,13 +70,9 @@ class Device:
     ) -> Tensor:
         """A new, uninitialised tensor."""
         check_name(name, "dev.empty()")
-        dims, dt = _shape(shape), as_dtype(dtype)
+        dt = as_dtype(dtype)
+        dims = _shape(shape, dt)  # also refuses sizes no device holds
         nbytes = math.prod(dims) * dt.itemsize  # Python ints: numpy's int64 would wrap silently
-        if nbytes > MAX_ALLOCATION:
-            raise SignatureError(
-                f"a tensor of shape {dims} and dtype {dt.name} needs {nbytes} bytes, more than any device holds\n"
-                "help: check the shape; allocate what the program needs"
-            )
         try:
             storage, address = self.backend.allocate(nbytes)
         except MemoryError:
@@ -145,22 +141,32 @@ class Device:
         return tensor
 
 
-# More than any device can address (2**48 bytes): refused before the backend is asked.
-MAX_ALLOCATION = 1 << 48
-
 _devices: dict[str, Device] = {}
 _lock = threading.Lock()
+
+
+DEVICE_ENV = "SCOPEGRAPH_DEVICE"
+
+
+def env_device() -> str | None:
+    """The device ``SCOPEGRAPH_DEVICE`` names, or None where it is unset or blank (pick one)."""
+    value = os.environ.get(DEVICE_ENV, "")
+    return value if value.strip() else None
 
 
 def device(spec: str | Device | None = None) -> Device:
     """``"cuda"``, ``"cuda:N"``, ``"host"``, or None: CUDA when a driver and GPU exist, else host.
 
-    The ``SCOPEGRAPH_DEVICE`` environment variable overrides the None default.
+    The ``SCOPEGRAPH_DEVICE`` environment variable overrides the None default (set but blank, it
+    is unset).
     """
     if isinstance(spec, Device):
         return spec
+    from_env = False
     if spec is None:
-        spec = os.environ.get("SCOPEGRAPH_DEVICE") or ("cuda" if cuda_device_count() else "host")
+        named = env_device()
+        from_env = named is not None
+        spec = named if named is not None else ("cuda" if cuda_device_count() else "host")
     if not isinstance(spec, str):
         raise SignatureError(
             f"sg.device() takes a device name, not {type(spec).__name__} {spec!r}\n"
@@ -172,27 +178,44 @@ def device(spec: str | Device | None = None) -> Device:
     with _lock:
         found = _devices.get(key)
         if found is None:
-            found = _devices[key] = _make_device(key, spec)
+            found = _devices[key] = _make_device(key, spec, from_env)
     return found
 
 
-def _make_device(key: str, spec: str) -> Device:
+def _make_device(key: str, spec: str, from_env: bool) -> Device:
+    """The device ``key`` names (``spec`` as given: by the caller, or by SCOPEGRAPH_DEVICE when
+    ``from_env``, which a refusal then names, with what to set it to)."""
     if key == "host":
         from ._backends._host import HostBackend
 
         return Device("host", 0, HostBackend())
     kind, _, index_text = key.partition(":")
     if kind != "cuda" or not index_text.isdigit():
+        if from_env:
+            raise SignatureError(
+                diagnostic(
+                    f"{DEVICE_ENV}={spec!r} names no device (sg.device() reads it when given no name)",
+                    help=f'set {DEVICE_ENV} to "host", "cuda" or "cuda:N", or unset it to let sg.device() pick',
+                )
+            )
         raise SignatureError(f'unknown device {spec!r}\nhelp: use "host", "cuda" or "cuda:N" (or None to pick)')
     index = int(index_text)
     count = cuda_device_count()
     if index >= count:
+        advice = ""  # CudaError's own (_errors.CUDA_ADVICE), unless the name came from the environment
+        if from_env:
+            advice = (
+                f"unset {DEVICE_ENV} (sg.device() then picks the host backend when no GPU is found) or set it to host"
+                if count == 0
+                else f"set {DEVICE_ENV} to a GPU that exists (cuda:0..cuda:{count - 1}), or unset it"
+            ) + "; `python -m scopegraph info` shows the driver and GPUs that scopegraph sees"
         raise CudaError(
-            f"selecting device {spec!r}",
+            f"selecting device {spec!r}" + (f" (named by {DEVICE_ENV})" if from_env else ""),
             "CUDA_ERROR_NO_DEVICE" if count == 0 else "CUDA_ERROR_INVALID_DEVICE",
-            "no NVIDIA driver or GPU was found"  # CudaError adds what to do (see _errors.CUDA_ADVICE)
+            "no NVIDIA driver or GPU was found"
             if count == 0
             else f"this machine has {count} CUDA device(s): cuda:0..cuda:{count - 1}",
+            help=advice,
         )
     from ._backends._cuda import CudaBackend
 

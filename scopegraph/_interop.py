@@ -60,13 +60,15 @@ def tensor_from_foreign(obj: Any, name: str | None = None, stream: Stream | None
 def _wrap_scopegraph(source: Tensor, name: str | None) -> Tensor:
     """Another wrapper of a scopegraph tensor's memory, made without an export (which a frozen
     tensor refuses). Like any two wrappers of one buffer it shares the source's region, so the
-    bytes frozen there are frozen through it too, and no others become frozen."""
+    bytes frozen there are frozen through it too (also once the source is dropped: the region
+    keeps them), and no others become frozen."""
     source.check_alive()
     if source.device.is_cuda:
         from cuda.core import Buffer
 
         storage: object = Buffer.from_handle(source.data_ptr, max(source.nbytes, 1), owner=source)
     else:
+        # A numpy slice keeps the memory alive by itself (its base), as the owner does on CUDA.
         whole: np.ndarray[Any, np.dtype[np.uint8]] = source.allocation.storage  # type: ignore[assignment]
         storage = whole[source.offset : source.offset + source.nbytes]
     alloc = source.device.adopt(storage, source.data_ptr, source.nbytes, name, borrowed=True)

@@ -157,7 +157,6 @@ def track(alloc: Allocation, memory_map: MemoryMap) -> None:
         alloc.borrowed,
         alloc.address,
         alloc.id,
-        alloc.frozen,
     )
     release.atexit = False  # at exit the driver may be gone; the process frees everything anyway
     alloc.release = release
@@ -171,7 +170,6 @@ def _release(
     borrowed: bool,
     address: int,
     alloc_id: int,
-    frozen: list[tuple[int, int]],
 ) -> None:
-    memory_map.unregister(address, alloc_id, frozen)
+    memory_map.unregister(address, alloc_id)
     backend.retire(storage, users, borrowed)

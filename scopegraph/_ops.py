@@ -14,8 +14,8 @@ import numpy as np
 
 from ._borrow import Borrow, check_borrows
 from ._dtypes import DType, DTypeLike, as_dtype, float32
-from ._errors import SignatureError, diagnostic
-from ._tensor import Mut, Tensor, _refuse_bool, check_name
+from ._errors import NotAGraphNodeError, SignatureError, diagnostic
+from ._tensor import Mut, Tensor, _refuse_bool, check_name, check_shape
 
 if TYPE_CHECKING:
     from ._device import Device
@@ -31,10 +31,23 @@ class Op(Generic[R_co]):
 
     @property
     def name(self) -> str:
-        raise NotImplementedError
+        return type(self).__name__  # every op scopegraph builds has its own; messages name a bare one
 
     def execute(self, stream: Stream) -> R_co:
-        raise NotImplementedError
+        raise not_an_op(self)  # every op scopegraph builds has its own
+
+
+def not_an_op(op: Op[Any]) -> NotAGraphNodeError:
+    """The refusal of an op that no scopegraph constructor built (a bare ``sg.Op()`` or
+    ``sg.GraphNode()``): it names nothing to read, write or make."""
+    return NotAGraphNodeError(
+        diagnostic(
+            f"`{type(op).__name__}()` is not an op that can run or be recorded: no op constructor built it, "
+            "so it names no tensors it reads or writes",
+            help="run or record a real op: a kernel launch (kernel[grid, block](...)), sg.memcpy(dst.mut(), src), "
+            "sg.memset(dst.mut(), value); stream.run also takes allocation ops (sg.zeros(...))",
+        )
+    )
 
 
 class GraphNode(Op[None]):
@@ -275,7 +288,9 @@ class AllocationOp(Op[Tensor]):
         return tensor
 
 
-def _shape(shape: int | tuple[int, ...] | list[int]) -> tuple[int, ...]:
+def _shape(shape: int | tuple[int, ...] | list[int], dtype: DType) -> tuple[int, ...]:
+    """The shape of a new tensor of ``dtype``, as a tuple of ints; SignatureError if it is not one
+    or cannot be allocated."""
     given = tuple(shape) if isinstance(shape, (tuple, list)) else (shape,)
     for d in given:
         _refuse_bool(d, f"a size in shape {shape!r}", "pass sizes as ints, e.g. (1,) rather than (True,)")
@@ -285,6 +300,7 @@ def _shape(shape: int | tuple[int, ...] | list[int]) -> tuple[int, ...]:
         raise SignatureError(f"shape {shape!r} is not an int or a tuple of ints\nhelp: pass e.g. (16, 128)") from None
     if any(d < 0 for d in dims):
         raise SignatureError(f"shape {dims} has a negative dimension\nhelp: use non-negative sizes")
+    check_shape(dims, dtype, f"a tensor of shape {dims} and dtype {dtype.name}")
     return dims
 
 
@@ -299,7 +315,7 @@ def zeros(
     """An allocation op: a new tensor filled with zeros. Run with ``stream.run``."""
     check_name(name, "sg.zeros()")
     dt = as_dtype(dtype)
-    return AllocationOp("zeros", _shape(shape), dt, _zero(dt), name=name)
+    return AllocationOp("zeros", _shape(shape, dt), dt, _zero(dt), name=name)
 
 
 def empty(
@@ -307,7 +323,8 @@ def empty(
 ) -> AllocationOp:
     """An allocation op: a new, uninitialised tensor. Run with ``stream.run``."""
     check_name(name, "sg.empty()")
-    return AllocationOp("empty", _shape(shape), as_dtype(dtype), name=name)
+    dt = as_dtype(dtype)
+    return AllocationOp("empty", _shape(shape, dt), dt, name=name)
 
 
 def full(
@@ -316,7 +333,7 @@ def full(
     """An allocation op: a new tensor with every element ``value``. Run with ``stream.run``."""
     check_name(name, "sg.full()")
     dt = as_dtype(dtype)
-    return AllocationOp("full", _shape(shape), dt, dt.scalar(value, "the fill value"), name=name)
+    return AllocationOp("full", _shape(shape, dt), dt, dt.scalar(value, "the fill value"), name=name)
 
 
 def dup(tensor: Tensor, name: str | None = None) -> AllocationOp:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._borrow import check_frozen
 from ._errors import NotAGraphNodeError, ScopeStateError, SignatureError, diagnostic
-from ._ops import GraphNode, Op
+from ._ops import GraphNode, Op, not_an_op
 
 if TYPE_CHECKING:
     from ._device import Device
@@ -97,6 +97,15 @@ class Stream:
                 )
             )
         dev = get_device("cuda" if device is None else device)
+        if not dev.is_cuda:
+            raise SignatureError(
+                diagnostic(
+                    f"Stream.from_handle() got device={device!r}, but a foreign stream needs a CUDA device",
+                    [f"{type(obj).__name__} has __cuda_stream__: its work runs on a GPU, which {dev} is not"],
+                    help='leave device= out (the stream\'s GPU is found from it) or name one ("cuda:N"); '
+                    "for the host backend use sg.device('host').stream()",
+                )
+            )
         native, index = dev.backend.stream_from_handle(obj)
         if index != dev.index:
             if device is not None:
@@ -111,12 +120,15 @@ class Stream:
 def check_runnable(op: GraphNode, stream: Stream) -> None:
     """What must hold when a graph node is run or recorded: live memory, nothing frozen written
     (``freeze()`` may have come after the op was built), the stream's device."""
-    for b in op.borrows:
+    try:
+        borrows, device = op.borrows, op.device
+    except AttributeError:  # a bare sg.GraphNode(): caught here, where a check costs nothing until it fails
+        raise not_an_op(op) from None
+    for b in borrows:
         alloc = b.alloc
         if alloc.freed or (b.mutable and alloc.region.frozen):
             b.tensor.check_alive()
             check_frozen(op.name, [b])  # the name only when a frozen region is in play
-    device = op.device
     if device is not stream.device and device is not None:
         raise SignatureError(
             diagnostic(

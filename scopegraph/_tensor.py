@@ -22,6 +22,12 @@ if TYPE_CHECKING:
     from ._dtypes import DType
     from ._stream import Stream
 
+# numpy's limit on dimensions (64 since numpy 2.0, 32 before): every tensor can become a numpy
+# array (numpy(), host references), so a shape numpy refuses is refused where it is given.
+MAX_DIMS = 64 if np.lib.NumpyVersion(np.__version__) >= "2.0.0b1" else 32
+# More than any device can address (2**48 bytes): refused before the backend is asked.
+MAX_ALLOCATION = 1 << 48
+
 # Set by ``_interop`` when the package is imported: wraps a foreign array without a copy.
 # (A hook, not an import: interop needs the device registry, which needs tensors.)
 foreign_wrapper: Callable[[Any, str | None, Stream | None], Tensor] | None = None
@@ -119,7 +125,9 @@ class Tensor:
                     "or slice rows first (`t[a:b]`)",
                 )
             )
-        return Tensor(self._alloc, self.offset, tuple(dims), self.dtype, name or self.name, self)
+        new_shape = tuple(dims)
+        check_shape(new_shape, self.dtype, f"the view {new_shape} of `{self.name}`")
+        return Tensor(self._alloc, self.offset, new_shape, self.dtype, name or self.name, self)
 
     def __getitem__(self, index: int | slice) -> Tensor:
         """``t[a:b]`` is a view of rows a..b; ``t[i]`` is a view of row i with one dim fewer."""
@@ -344,6 +352,32 @@ def check_name(name: object, where: str) -> None:
                 help=f"pass name={str(name)!r}, or leave name out",
             )
         )
+
+
+def check_shape(dims: tuple[int, ...], dtype: DType, what: str) -> None:
+    """Refuse a shape (of non-negative sizes) that numpy cannot represent or no device can hold;
+    ``what`` names it in the message. numpy refuses more than MAX_DIMS dimensions, and sizes whose
+    product overflows its index type even when another size is 0 (no elements): the bytes that
+    the non-zero sizes span are held to what a device can address, which covers that and is the
+    tensor's size when no size is 0."""
+    if len(dims) > MAX_DIMS:
+        raise SignatureError(
+            diagnostic(
+                f"{what} has {len(dims)} dimensions; numpy, which holds host copies, supports at most {MAX_DIMS}",
+                help=f"use at most {MAX_DIMS} dimensions (merge some: tensors are contiguous)",
+            )
+        )
+    span = math.prod(d for d in dims if d) * dtype.itemsize  # Python ints: numpy's int64 would wrap
+    if span > MAX_ALLOCATION:
+        if 0 in dims:
+            head = f"{what} has no elements, but its other sizes span {span} bytes, more than any device addresses"
+            help = "check the shape: the other sizes of a tensor with no elements must fit a real tensor"
+        else:
+            head, help = (
+                f"{what} needs {span} bytes, more than any device holds",
+                "check the shape; allocate what the program needs",
+            )
+        raise SignatureError(diagnostic(head, help=help))
 
 
 def _refuse_bool(value: object, what: str, help: str) -> None:

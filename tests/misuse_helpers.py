@@ -62,14 +62,16 @@ class Ctx:
     def arange(self, n: int, name: str) -> sg.Tensor:
         return self.track(self.device.from_numpy(np.arange(n, dtype=np.float32), name=name))
 
-    def foreign_pair(self, first: slice, second: slice, n: int = 16) -> tuple[sg.Tensor, sg.Tensor]:
-        """Two scopegraph wrappers, made independently, of (parts of) one foreign allocation:
-        numpy arrays on the host backend, an sg tensor's memory through __cuda_array_interface__ on CUDA."""
-        if self.on_host:
-            owner: Any = np.arange(n, dtype=np.float32)
-        else:
-            owner = self.arange(n, "owner")
+    def foreign_owner(self, n: int = 16) -> Any:
+        """Memory to wrap (kept alive for the case): a numpy array on the host backend, an sg
+        tensor on CUDA (its views are wrapped as foreign memory is)."""
+        owner: Any = np.arange(n, dtype=np.float32) if self.on_host else self.arange(n, "owner")
         self.keep.append(owner)
+        return owner
+
+    def foreign_pair(self, first: slice, second: slice, n: int = 16) -> tuple[sg.Tensor, sg.Tensor]:
+        """Two scopegraph wrappers, made independently, of (parts of) one foreign allocation."""
+        owner = self.foreign_owner(n)
         a = self.track(sg.Tensor.from_dlpack(owner[first], name="a"))
         b = self.track(sg.Tensor.from_dlpack(owner[second], name="b"))
         return a, b

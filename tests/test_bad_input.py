@@ -382,3 +382,35 @@ def test_graph_cache_takes_a_numpy_int_size() -> None:
     assert cache.maxsize == 4 and type(cache.maxsize) is int
     with pytest.raises(sg.SignatureError, match="help:"):
         sg.GraphCache(stream, lambda s, key: None, maxsize=np.int64(0))
+
+
+def test_a_bad_scopegraph_device_is_reported_as_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """DESIGN.md section 1: SCOPEGRAPH_DEVICE overrides sg.device()'s None default. A bad value was
+    reported as if the caller had passed it ("unknown device 'bogus'", help "(or None to pick)":
+    the None just given); with no GPU, SCOPEGRAPH_DEVICE=cuda advised sg.device(), the call that
+    had failed; and a blank value was refused although an empty one means "pick"."""
+    from scopegraph._driver import cuda_device_count
+
+    monkeypatch.setenv("SCOPEGRAPH_DEVICE", "bogus")
+    with pytest.raises(sg.SignatureError) as info:
+        sg.device()
+    message = str(info.value)
+    assert message.startswith("SCOPEGRAPH_DEVICE='bogus' names no device"), message
+    assert message.splitlines()[-1].startswith("help: set SCOPEGRAPH_DEVICE to"), message
+    with pytest.raises(sg.SignatureError) as info:
+        sg.device("tpu")  # a name the caller gives is the caller's: the variable plays no part
+    assert "SCOPEGRAPH_DEVICE" not in str(info.value) and "help: " in str(info.value)
+
+    count = cuda_device_count()
+    monkeypatch.setenv("SCOPEGRAPH_DEVICE", "cuda" if count == 0 else f"cuda:{count}")
+    with pytest.raises(sg.CudaError) as cuda_info:
+        sg.device()
+    headline, *_, help_line = str(cuda_info.value).splitlines()
+    assert "named by SCOPEGRAPH_DEVICE" in headline, headline
+    assert help_line.startswith(("help: unset SCOPEGRAPH_DEVICE", "help: set SCOPEGRAPH_DEVICE")), help_line
+    assert "sg.device('host')" not in help_line, help_line
+
+    monkeypatch.setenv("SCOPEGRAPH_DEVICE", " \t")
+    blank = sg.device()
+    monkeypatch.delenv("SCOPEGRAPH_DEVICE")
+    assert blank is sg.device()

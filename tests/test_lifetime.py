@@ -76,3 +76,47 @@ def test_two_graphs_pin_independently(sg_device: sg.Device, sg_stream: sg.Stream
         x.free()
     graphs[1].close()
     x.free()
+
+
+def test_a_freeze_outlives_the_tensor_that_made_it(sg_device: sg.Device, sg_stream: sg.Stream) -> None:
+    """DESIGN.md section 2: "Identity is memory, not wrappers" (README: "A freeze made through one
+    wrapper holds through every other"). Frozen ranges were kept by the wrapper that froze them, so
+    dropping it unfroze the bytes for every other wrapper of them; now dropping it unfreezes
+    nothing, and freezes nothing more."""
+    x = sg_device.from_numpy(np.arange(16, dtype=np.float32), name="x")
+    x[4:8].freeze()
+    part = sg.Tensor.from_dlpack(x[2:10], name="part")
+    del x
+    gc.collect()
+    assert part[2:6].frozen and not part[0:2].frozen and not part[6:8].frozen
+    with pytest.raises(sg.BorrowError, match="frozen"):
+        sg.memset(part.mut(), 0.0)
+    sg_stream.run(sg.memset(part[0:2].mut(), -1.0))
+    sg_stream.run(sg.memset(part[6:8].mut(), -1.0))
+    np.testing.assert_array_equal(part.numpy(), [-1, -1, 4, 5, 6, 7, -1, -1])
+
+
+def test_frozen_bytes_stay_frozen_exactly_while_a_wrapper_covers_them() -> None:
+    """The freeze is the memory's while wrappers of it live. Bytes that only dropped wrappers
+    covered are frozen no longer (a wrapper made there later starts writable, as one made after
+    every wrapper is gone does); the bytes a live wrapper covers stay frozen; freezing the same
+    bytes again, through fresh wrappers, adds nothing that the memory keeps."""
+    base = np.arange(16, dtype=np.float32)
+    a = sg.Tensor.from_dlpack(base, name="a").freeze()
+    b = sg.Tensor.from_dlpack(base[0:8], name="b")
+    for _ in range(100):
+        sg.Tensor.from_dlpack(base[0:8]).freeze()
+    assert len(b.allocation.region.frozen) == 1
+    del a
+    gc.collect()
+    assert b.frozen
+    c = sg.Tensor.from_dlpack(base[4:16], name="c")  # overlaps b only where b keeps the bytes frozen
+    assert b.allocation.region is c.allocation.region
+    assert c[0:4].frozen and not c[4:12].frozen
+    with pytest.raises(sg.BorrowError, match="frozen"):
+        sg.memset(c.mut(), 0.0)
+    sg.device("host").stream().run(sg.memset(c[4:12].mut(), -1.0))
+    del b, c
+    gc.collect()
+    assert not sg.Tensor.from_dlpack(base).frozen  # no wrapper lived: the memory is the user's again
+    np.testing.assert_array_equal(base, [*range(8), *[-1] * 8])

@@ -10,6 +10,7 @@ built no graph and left nothing pinned, and that the same stream then runs a val
 from __future__ import annotations
 
 import contextlib
+import gc
 from collections.abc import Callable
 from typing import Annotated, Any
 
@@ -255,6 +256,27 @@ def run_a_launcher_not_called(c: Ctx) -> None:
     c.stream.run(library.fill[1, 64])  # type: ignore[arg-type]
 
 
+@case("NotAGraphNodeError", r"`Op\(\)`", r"real op")
+def run_a_bare_op(c: Ctx) -> None:
+    """stream.run(sg.Op()): the base class, which no op constructor built."""
+    c.stream.run(sg.Op())
+
+
+@case("NotAGraphNodeError", r"`GraphNode\(\)`", r"real op")
+def run_a_bare_graph_node(c: Ctx) -> None:
+    """stream.run(sg.GraphNode()): a GraphNode that names no tensors."""
+    c.stream.run(sg.GraphNode())
+
+
+@case("NotAGraphNodeError", r"`GraphNode\(\)`", r"real op")
+def record_a_bare_graph_node(c: Ctx) -> None:
+    """s.record(sg.GraphNode()) after a valid record."""
+    x = c.zeros(4, "x")
+    with c.scope() as s:
+        s.record(sg.memset(x.mut(), 1.0))
+        s.record(sg.GraphNode())
+
+
 # -- BorrowError: aliasing in one op -----------------------------------------------------------
 
 
@@ -342,6 +364,34 @@ def frozen_memory_through_a_second_wrapper(c: Ctx) -> None:
     a, b = c.foreign_pair(slice(0, 16), slice(0, 16))
     a.freeze()
     sg.memset(b.mut(), 0.0)
+
+
+@case("BorrowError", r"`b`", r"frozen")
+def frozen_memory_written_after_the_freezing_wrapper_is_dropped(c: Ctx) -> None:
+    """Foreign memory frozen through wrapper `a`; `a` dropped; written through wrapper `b` of part
+    of it, made while `a` lived (the freeze is the memory's, not the wrapper's)."""
+    owner = c.foreign_owner()
+    a = sg.Tensor.from_dlpack(owner[0:16], name="a").freeze()  # not tracked: the case drops it
+    b = c.track(sg.Tensor.from_dlpack(owner[4:12], name="b"))
+    del a
+    gc.collect()
+    sg.memset(b.mut(), 0.0)
+
+
+def _alias_untouched(c: Ctx, exc: BaseException) -> None:
+    np.testing.assert_array_equal(c.tensors[0].numpy(), 1.0)
+
+
+@case("BorrowError", r"`alias`", r"frozen", check=_alias_untouched)
+def frozen_tensor_written_through_a_wrapper_after_it_is_dropped(c: Ctx) -> None:
+    """alias = sg.Tensor.from_dlpack(w); an op writing alias built; w frozen and dropped; the op run."""
+    w = c.device.full((16,), 1.0, name="w")
+    alias = c.track(sg.Tensor.from_dlpack(w, name="alias"))
+    op = sg.memset(alias.mut(), 0.0)
+    w.freeze()
+    del w
+    gc.collect()
+    c.stream.run(op)
 
 
 def _w_not_frozen(c: Ctx, exc: BaseException) -> None:
@@ -792,6 +842,19 @@ def stream_from_handle_of_an_object(c: Ctx) -> None:
     sg.Stream.from_handle(object())
 
 
+class _ForeignStream:
+    """What torch's and CuPy's streams look like to from_handle (no GPU needed to refuse it)."""
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, 0)
+
+
+@case("SignatureError", r"device='host'", r"needs a CUDA device")
+def stream_from_handle_on_the_host_device(c: Ctx) -> None:
+    """sg.Stream.from_handle(torch_like_stream, device="host"): foreign streams run on a GPU."""
+    sg.Stream.from_handle(_ForeignStream(), device="host")
+
+
 @case("SignatureError", r"gpu:0")
 def unknown_device_string(c: Ctx) -> None:
     """sg.device("gpu:0")."""
@@ -836,6 +899,30 @@ def zeros_of_an_unsupported_dtype(c: Ctx) -> None:
 def zeros_of_a_negative_shape(c: Ctx) -> None:
     """dev.zeros((-4,))."""
     c.device.zeros((-4,))
+
+
+@case("SignatureError", r"65 dimensions", r"at most \d+")
+def zeros_with_65_dimensions(c: Ctx) -> None:
+    """dev.zeros((1,) * 65): more dimensions than numpy holds (no foreign ValueError may escape)."""
+    c.device.zeros((1,) * 65)
+
+
+@case("SignatureError", r"no elements", r"9223372036854775808")
+def zeros_of_no_elements_with_a_size_of_2_pow_63(c: Ctx) -> None:
+    """dev.zeros((2**63, 0)): no elements, but a size past numpy's index range."""
+    c.device.zeros((2**63, 0))
+
+
+@case("SignatureError", r"`x`", r"65 dimensions")
+def view_with_65_dimensions(c: Ctx) -> None:
+    """x.view((1,) * 65) of a one-element x."""
+    c.zeros(1, "x").view((1,) * 65)
+
+
+@case("SignatureError", r"`x`", r"no elements", r"18446744073709551616")
+def view_of_no_elements_with_a_size_of_2_pow_64(c: Ctx) -> None:
+    """x.view((2**64, 0)) of an empty x: accepted, it failed later in numpy() and every op on it."""
+    c.zeros(0, "x").view((2**64, 0))
 
 
 @case("SignatureError", r"object|'O'")
@@ -1175,6 +1262,21 @@ def torch_frozen_then_written_through_another_wrapper(c: Ctx) -> None:
     c.keep.append(t)
     c.track(sg.Tensor.from_dlpack(t, name="a")).freeze()
     b = c.track(sg.Tensor.from_dlpack(t, name="b"))
+    with c.scope() as s:
+        s.record(library.fill_op(b.mut(), 0.0))
+
+
+@cuda_case("BorrowError", r"`b`", r"frozen", needs=("torch",))
+def torch_frozen_through_a_wrapper_since_dropped(c: Ctx) -> None:
+    """torch memory frozen through wrapper `a`, `a` dropped, written through wrapper `b` made before."""
+    import torch
+
+    t = torch.ones(16, dtype=torch.float32, device="cuda")
+    c.keep.append(t)
+    a = sg.Tensor.from_dlpack(t, name="a").freeze()  # not tracked: the case drops it
+    b = c.track(sg.Tensor.from_dlpack(t, name="b"))
+    del a
+    gc.collect()
     with c.scope() as s:
         s.record(library.fill_op(b.mut(), 0.0))
 
