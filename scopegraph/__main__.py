@@ -9,13 +9,12 @@ line on stderr (and a ``help:`` line where the error has one) and exit status 2,
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 from typing import NoReturn
 
 from . import Device, ScopeGraphError, __version__, device
-from ._cli.args import UsageError, writable_dir
+from ._cli.args import UsageError, parse_command_line, writable_dir
 
 DESCRIPTION = "scopegraph: safe, cheap CUDA graphs from Python. Run a command with --help for its options."
 
@@ -93,7 +92,8 @@ def build_parser(prog: str) -> Parser:
     parser.add_argument(
         "--version", action="version", version=f"scopegraph {__version__}", help="print scopegraph's version and exit"
     )
-    sub = parser.add_subparsers(dest="command", required=True, title="commands", metavar="COMMAND")
+    # Not required here: parse_command_line names an unknown option before it says a command is missing.
+    sub = parser.add_subparsers(dest="command", title="commands", metavar="COMMAND")
     device_help = (
         'where to run: "host" (numpy, no GPU needed), "cuda" or "cuda:N"; default: '
         "$SCOPEGRAPH_DEVICE if set, else cuda when a GPU is present, else host"
@@ -177,13 +177,12 @@ def _device(parser: Parser, spec: str | None) -> Device:
     try:
         return device(spec)
     except ScopeGraphError as exc:
-        where = (
-            "argument --device" if spec is not None else f"SCOPEGRAPH_DEVICE={os.environ.get('SCOPEGRAPH_DEVICE')!r}"
-        )
         reason = str(exc).splitlines()[0]
+        # sg.device's own message names SCOPEGRAPH_DEVICE when the name came from it
+        where = "argument --device: " if spec is not None else ""
         root = parser.prog.rsplit(" ", 1)[0]
         hint = f"; `{root} info` lists the GPUs here, or use --device host" if "cuda" in (spec or reason) else ""
-        parser.error(f"{where}: {reason}{hint}")
+        parser.error(f"{where}{reason}{hint}")
 
 
 def _prog() -> str:
@@ -201,7 +200,7 @@ def _refuse(parser: Parser, error: UsageError) -> NoReturn:
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser = build_parser(prog or _prog())
-    args = parser.parse_args(argv)
+    args = parse_command_line(parser, argv)
     try:
         if args.command == "info":
             from ._cli.info import main as info_main

@@ -4,7 +4,9 @@
 - On disk: cuda.core's ``FileStreamProgramCache`` under ``$SCOPEGRAPH_CACHE_DIR`` (default
   ``~/.cache/scopegraph/kernels``), keyed by ``make_program_cache_key``, which pins the source,
   options, architecture, name expressions and NVRTC version. Next to each cubin it keeps the
-  name expression's mangled symbol, which ``from_cubin`` needs to find template kernels.
+  name expression's mangled symbol, which ``from_cubin`` needs to find template kernels. An entry
+that cannot be read back (a symbols file that is not what was written, a cubin cut short) is a
+miss: compiled again and overwritten.
 
 Headers are part of the key: a kernel compiled with ``include_path`` and ``pre_include`` options
 is keyed by the contents of every file under each include directory (relative path and bytes)
@@ -33,7 +35,7 @@ import os
 import re
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from ._errors import CompileError, PdlWaitError, ScopeGraphError, diagnostic
 
@@ -225,20 +227,46 @@ def _has_pdl(arch: str) -> bool:
 # expression can be this (it names no kernel), and an older reader takes it for one more symbol.
 # The suffix versions the check: a changed check must not trust verdicts an older one cached.
 _VERDICT = "griddepcontrol.wait check 1"
+_VERDICTS = {"reached": True, "missing": False}
 
 
 def _load(disk: FileStreamProgramCache, key: bytes) -> tuple[ObjectCode | None, bool | None]:
-    """The cached module (None: not on disk) and the PDL check's verdict (None: never checked)."""
+    """The cached module (None: not on disk, or not readable as written) and the PDL check's
+    verdict (None: never checked)."""
     from cuda.core import ObjectCode
 
-    cubin, symbols = disk.get(key), disk.get(key + b".symbols")
-    if cubin is None or symbols is None:
+    try:
+        cubin, symbols = disk.get(key), disk.get(key + b".symbols")
+        names = None if cubin is None or symbols is None else json.loads(symbols)
+    except (OSError, ValueError):  # ValueError: JSONDecodeError, UnicodeDecodeError (a garbled entry)
         return None, None
-    names = json.loads(symbols)
-    verdict = names.pop(_VERDICT, None)
+    if (
+        cubin is None
+        or not isinstance(names, dict)
+        or not all(isinstance(name, str) and isinstance(sym, str) for name, sym in names.items())
+        or not _whole_elf(cubin)
+    ):
+        return None, None
+    verdict = _VERDICTS.get(names.pop(_VERDICT, ""))
     # The same form NVRTC's own result carries: name expression -> mangled name as bytes.
     mapping = {name: sym.encode() for name, sym in names.items()}
-    return ObjectCode.from_cubin(cubin, symbol_mapping=mapping), None if verdict is None else verdict == "reached"
+    return ObjectCode.from_cubin(cubin, symbol_mapping=mapping), verdict
+
+
+def _whole_elf(data: bytes) -> bool:
+    """Whether ``data`` is an ELF64 file (a cubin) whose program and section header tables fit in
+    it. A cubin cut short on disk is then a miss, not a module that the driver refuses to load in
+    every process until the cache is cleared."""
+    if len(data) < 64 or data[:5] != b"\x7fELF\x02":  # ELFCLASS64: the header is 64 bytes
+        return False
+    order: Literal["little", "big"] = "little" if data[5] == 1 else "big"
+
+    def field(at: int, size: int) -> int:
+        return int.from_bytes(data[at : at + size], order)
+
+    program_end = field(0x20, 8) + field(0x36, 2) * field(0x38, 2)  # e_phoff + e_phentsize * e_phnum
+    section_end = field(0x28, 8) + field(0x3A, 2) * field(0x3C, 2)  # e_shoff + e_shentsize * e_shnum
+    return max(program_end, section_end) <= len(data)
 
 
 def _compile(

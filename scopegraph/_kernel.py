@@ -14,10 +14,12 @@ and typed scalars for cuda.core's ``launch``) and the host backend (numpy views 
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, Generic, ParamSpec, get_args, get_origin, get_type_hints
+from typing import Annotated, Any, Generic, ParamSpec, TypeVar, get_args, get_origin, get_type_hints
 
 import numpy as np
 
@@ -29,6 +31,8 @@ from ._params import Param
 from ._tensor import Mut, Tensor
 
 P = ParamSpec("P")
+# The kernel's name as a literal str type, for the mypy plugin (see Launcher).
+Name = TypeVar("Name", covariant=True)
 
 Dim = int | tuple[int] | tuple[int, int] | tuple[int, int, int]
 
@@ -72,6 +76,17 @@ def _parse_param(name: str, annotation: object, kernel_name: str) -> KernelParam
             spec = specs[0]
             annotation = args[0]
     if get_origin(annotation) is Mut or annotation is Mut:
+        # Exactly Mut[Tensor]: anything else in the brackets (Mut[int], Mut[sg.f32], Mut[Mut[Tensor]],
+        # a TensorSpec inside) would be read as a written tensor with its meaning silently dropped.
+        if get_args(annotation) != (Tensor,):
+            raise SignatureError(
+                diagnostic(
+                    f"kernel `{kernel_name}` parameter `{name}` is annotated {annotation!r}",
+                    ["a written (mutably borrowed) parameter is exactly Mut[Tensor]"],
+                    help=f"annotate `{name}` as Mut[Tensor]; to pin its dtype or rank, "
+                    "Annotated[Mut[Tensor], sg.TensorSpec(sg.f32, rank=1)]",
+                )
+            )
         return KernelParam(name, "mut", spec.resolved_dtype(), spec.rank)
     if annotation is Tensor:
         return KernelParam(name, "shared", spec.resolved_dtype(), spec.rank)
@@ -104,6 +119,17 @@ def _parse_signature(fn: Callable[..., None], kernel_name: str) -> tuple[KernelP
             )
         if p.name not in hints:
             raise SignatureError(f"kernel `{kernel_name}` parameter `{p.name}` has no annotation\nhelp: annotate it")
+        if p.default is not p.empty:
+            # mypy would accept a launch that leaves it out, and the launch would then be refused:
+            # the binder takes one argument per parameter, as the CUDA kernel does.
+            raise SignatureError(
+                diagnostic(
+                    f"kernel `{kernel_name}` parameter `{p.name}` has a default ({p.default!r})",
+                    ["a CUDA kernel takes every argument at every launch"],
+                    help=f"drop the default and pass `{p.name}` at launch; for a value that changes "
+                    "between replays of a graph, pass an sg.Param",
+                )
+            )
         params.append(_parse_param(p.name, hints[p.name], kernel_name))
     return tuple(params)
 
@@ -326,8 +352,13 @@ class Kernel(Generic[P]):
         self.max_shared_bytes = _max_shared_bytes(max_shared_bytes, cpp_name)
         # The C++ expression NVRTC resolves: ``name`` or ``name<args>`` for a template.
         self.name_expression = cpp_name if not template_args else f"{cpp_name}<{', '.join(template_args)}>"
+        # See template_parameters. Both are set here, not first on a launch: an attribute added to
+        # an instance later would cost every attribute read of it on the hot path (CPython keeps
+        # the attributes of __init__ inline).
+        self._template: str | None = None
+        self._template_read = False
         # Launchers by launch shape (checked once per distinct shape; see __getitem__).
-        self._launchers: dict[object, Launcher[P]] = {}
+        self._launchers: dict[object, Launcher[P, str]] = {}
         # The argument binder generated from the declaration on the first launch (_make_binder).
         self._binder: Callable[..., None] | None = None
         # Instantiations made by generics(), so each one compiles (and is cached) once.
@@ -339,6 +370,17 @@ class Kernel(Generic[P]):
     def __repr__(self) -> str:
         sig = ", ".join(p.describe() for p in self.params)
         return f"<kernel {self.name_expression}({sig})>"
+
+    @property
+    def template_parameters(self) -> str | None:
+        """For a C++ template kernel not instantiated by generics(), its template parameter list
+        (``"<int BS>"``), so that a launch of it is refused on every backend (no GPU can compile
+        it; the host reference would run it). Read from the source on the first launch, not at
+        import, and then kept: building an op never reads it (see __getitem__)."""
+        if not self._template_read:
+            self._template = None if self.template_args else declared_template(self.source, self.cpp_name)
+            self._template_read = True
+        return self._template
 
     def host(self, fn: Callable[..., None]) -> Callable[..., None]:
         """Register a numpy reference, used by the host backend: it gets numpy views of the tensors
@@ -397,6 +439,16 @@ class Kernel(Generic[P]):
             cached = self._launchers.get(launch)
             if cached is not None:
                 return cached
+        if self.template_parameters is not None:  # a launcher of it is never cached above
+            raise SignatureError(
+                diagnostic(
+                    f"`{self.cpp_name}` is a C++ template kernel (template {self.template_parameters}), "
+                    "launched without template arguments",
+                    ["NVRTC cannot compile a template without them, so no GPU could run this launch"],
+                    help=f"instantiate it first, one value per template parameter: "
+                    f"{self.__name__}.generics(...)[grid, block](...)",
+                )
+            )
         if not isinstance(launch, tuple) or len(launch) not in (2, 3):
             raise SignatureError(
                 diagnostic(
@@ -408,7 +460,9 @@ class Kernel(Generic[P]):
             )
         grid = _dim3(launch[0], "grid", self.cpp_name)
         block = _dim3(launch[1], "block", self.cpp_name)
-        launcher = Launcher(self, grid, block, _shared_bytes(launch[2], self) if len(launch) == 3 else 0)
+        launcher: Launcher[P, str] = Launcher(
+            self, grid, block, _shared_bytes(launch[2], self) if len(launch) == 3 else 0
+        )
         if plain:
             if len(self._launchers) >= _LAUNCHER_CACHE:
                 self._launchers.clear()
@@ -416,11 +470,13 @@ class Kernel(Generic[P]):
         return launcher
 
 
-class Launcher(Generic[P]):
+class Launcher(Generic[P, Name]):
     """``kernel[grid, block]``: calling it with the kernel's arguments builds a KernelLaunch.
 
     Typed as ``Callable[P, KernelLaunch]`` so mypy's messages need no ``__call__``; the mypy
-    plugin retypes it as ``Launcher[P]`` to name the kernel and check borrows in the call.
+    plugin retypes it as ``Launcher[P, Literal["axpy"]]``: the kernel's name travels in the type
+    (a variable that holds the launcher keeps it too) to name the kernel in messages, and the call
+    reaches the plugin's hooks, which check its borrows. ``Name`` means nothing at run time.
     """
 
     __slots__ = ("arity", "block", "grid", "kernel", "shmem")
@@ -450,6 +506,47 @@ class Launcher(Generic[P]):
 
     def __repr__(self) -> str:
         return f"{self.kernel.name_expression}[{self.grid}, {self.block}]"
+
+
+# Comments and string or character literals (blanked), then preprocessor lines (dropped), so that
+# only declarations and code are left for declared_template to read.
+_NOT_CODE = re.compile(r"//[^\n]*|/\*.*?\*/|\"(?:\\.|[^\"\\\n])*\"|'(?:\\.|[^'\\\n])*'", re.S)
+_PREPROCESSOR = re.compile(r"^[ \t]*#[^\n]*", re.M)
+_GLOBAL = re.compile(r"\b__global__\b")
+_TEMPLATE = re.compile(r"\btemplate\s*<")
+
+
+@functools.lru_cache(maxsize=16)
+def _code(source: str) -> str:
+    return _PREPROCESSOR.sub(" ", _NOT_CODE.sub(" ", source))
+
+
+def declared_template(source: str, cpp_name: str) -> str | None:
+    """The template parameter list (``"<int BS>"``) when every ``__global__`` declaration of
+    ``cpp_name`` in ``source`` is a template (``template <int BS> __global__ void name(...)``);
+    None otherwise, and when the source does not spell the declaration out (a macro, an included
+    header): the compiler has the last word there, as before."""
+    code = _code(source)
+    found: str | None = None
+    for call in re.finditer(rf"\b{re.escape(cpp_name)}\s*\(", code):
+        # The declaration starts after the previous statement, block or brace.
+        start = max(code.rfind(mark, 0, call.start()) for mark in ";{}")
+        head = code[start + 1 : call.start()]
+        if not _GLOBAL.search(head):
+            continue  # a call, or a host or device function of that name
+        template = _TEMPLATE.search(head)
+        if template is None:
+            return None  # a plain kernel of that name: launchable without generics()
+        # To the matching ">": C++ wants a ">" inside a default argument in parentheses.
+        depth, parens, at = 0, 0, template.end() - 1
+        for at in range(template.end() - 1, len(head)):
+            char = head[at]
+            parens += {"(": 1, ")": -1}.get(char, 0)
+            depth += {"<": 1, ">": -1}.get(char, 0) if parens == 0 else 0
+            if depth == 0:
+                break
+        found = found or " ".join(head[template.end() - 1 : at + 1].split())
+    return found
 
 
 def _template_arg(arg: object) -> str:

@@ -8,11 +8,13 @@ Enable it in your mypy configuration::
 What it checks
 --------------
 In every call that builds a graph node (a kernel launch ``k[grid, block](...)``, ``sg.memcpy``,
-``sg.memset``, the ``scopegraph.library`` helpers, and any function or method of yours whose
-declared return type is a ``GraphNode`` subclass), the same *place* may not be passed both as a
-mutable borrow and as another argument. The check is on the call that builds the op, so it holds
-wherever the op is recorded: ``s.record``, or ``body.record`` inside ``with s.while_(flag) as
-body:`` / ``s.if_`` / ``s.if_else`` (typed like ``Scope.record``)::
+``sg.memset``, the ``scopegraph.library`` helpers, and any function, method, overload, local
+function or callable parameter of yours whose type says it returns a ``GraphNode`` subclass or a
+union of them, also through a decorator that keeps it a function, and ``functools.cache``), the
+same *place* may not be passed both as a mutable borrow and as another argument. The check is
+on the call that builds the op, so it holds wherever the op is recorded: ``s.record``, or
+``body.record`` inside ``with s.while_(flag) as body:`` / ``s.if_`` / ``s.if_else`` (typed like
+``Scope.record``)::
 
     s.record(add[g, b](y.mut(), y, x))
     # error: cannot borrow `y` as immutable because it is also borrowed as mutable  [scopegraph-borrow]
@@ -23,20 +25,25 @@ body:`` / ``s.if_`` / ``s.if_else`` (typed like ``Scope.record``)::
     # error: cannot borrow `bufs[0]` as mutable more than once at a time  [scopegraph-borrow]
 
 A place is a name (``x``), an attribute path (``layer.w``, ``self.bufs.norm``) or a subscript by
-a literal (``bufs[0]``, ``cache["k"]``); a mutable borrow is ``place.mut()`` or
+a literal (``bufs[0]``, ``bufs[-1]``, ``cache["k"]``); a mutable borrow is ``place.mut()`` or
 ``sg.mut(place)``. Different places (``l.a`` and ``l.b``, ``bufs[0]`` and ``bufs[1]``) pass.
 The error code ``scopegraph-borrow`` can be silenced per line like any other
 (``# type: ignore[scopegraph-borrow]``).
 
 It also names the kernel in mypy's messages for a launch (``Argument 1 to "axpy" has
-incompatible type ...``), and lets a launch take a graph parameter where the kernel takes a
-scalar: an ``sg.f32`` parameter accepts ``float`` or ``sg.Param[float]``, an ``sg.i32`` one
-``int`` or ``sg.Param[int]`` (see ``scopegraph._params``).
+incompatible type ...``), through a variable that holds ``axpy[grid, block]`` too (a kernel held
+in a container is named by its place, ``kernels['axpy']``; one no expression names is "kernel
+launch"), and lets a launch take a graph parameter where the kernel takes a scalar: an ``sg.f32``
+parameter accepts ``float`` or ``sg.Param[float]``, an ``sg.i32`` one ``int`` or
+``sg.Param[int]`` (see ``scopegraph._params``). A ``bool`` for an int or float scalar, which
+mypy's types let through (a bool is an int) and scopegraph refuses when the launch is built, is an
+``arg-type`` error.
 
 What it cannot see
 ------------------
 Aliases made by assignment (``z = y; add(y.mut(), z, ...)``), overlapping views
-(``x[0:4].mut()`` with ``x[2:6]``), and anything computed at run time. The runtime tracker checks
+(``x[0:4].mut()`` with ``x[2:6]``), one element written two ways (``bufs[-1]`` and ``bufs[1]`` of
+a two-element list), and anything computed at run time. The runtime tracker checks
 the actual byte ranges of every op when it is built, so those still fail, with a BorrowError at
 the line that builds the op. The two checks are complementary: the plugin finds the common
 mistakes in CI before any code runs; the tracker is exact.
@@ -50,7 +57,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from mypy.errorcodes import ErrorCode
+from mypy.errorcodes import ARG_TYPE, ErrorCode
 from mypy.nodes import (
     CallExpr,
     Decorator,
@@ -64,9 +71,21 @@ from mypy.nodes import (
     RefExpr,
     StrExpr,
     TypeInfo,
+    UnaryExpr,
+    Var,
 )
 from mypy.plugin import FunctionContext, MethodContext, MethodSigContext, Plugin
-from mypy.types import CallableType, Instance, Parameters, ProperType, Type, UnionType, get_proper_type
+from mypy.types import (
+    CallableType,
+    Instance,
+    LiteralType,
+    NoneType,
+    Overloaded,
+    Parameters,
+    Type,
+    UnionType,
+    get_proper_type,
+)
 
 BORROW = ErrorCode("scopegraph-borrow", "Conflicting borrows of one place in one graph op", "scopegraph")
 
@@ -74,21 +93,33 @@ _GRAPH_NODE = "scopegraph._ops.GraphNode"
 _KERNEL_GETITEM = "scopegraph._kernel.Kernel.__getitem__"
 _LAUNCHER = "scopegraph._kernel.Launcher"
 _LAUNCHER_CALL = "scopegraph._kernel.Launcher.__call__"
+# functools.cache and functools.lru_cache wrap a function in an object whose __call__ returns the
+# function's return type: a cached helper that builds a graph node is checked like the helper.
+_LRU_CACHE_CALL = "functools._lru_cache_wrapper.__call__"
 _MUT_FUNCTIONS = ("scopegraph._tensor.mut",)
 _PARAM = "scopegraph._params.Param"
 _SCALARS = ("builtins.float", "builtins.int", "builtins.bool")
+# What a launch is called in messages when its kernel cannot be named from the code.
+_UNNAMED_LAUNCH = "kernel launch"
 
 
 def place_of(expr: Expression) -> str | None:
-    """``x``, ``a.b.c``, ``xs[0]`` or ``d["k"]`` as text; None for anything that is not a place."""
+    """``x``, ``a.b.c``, ``xs[0]``, ``xs[-1]`` or ``d["k"]`` as text; None for anything that is not a place."""
     if isinstance(expr, NameExpr):
         return expr.name
     if isinstance(expr, MemberExpr):
         base = place_of(expr.expr)
         return None if base is None else f"{base}.{expr.name}"
-    if isinstance(expr, IndexExpr) and isinstance(expr.index, (IntExpr, StrExpr)):
+    if isinstance(expr, IndexExpr):
+        index = expr.index
+        if isinstance(index, UnaryExpr) and index.op == "-" and isinstance(index.expr, IntExpr):
+            key: int | str = -index.expr.value  # bufs[-1]: a literal too, as Python writes it
+        elif isinstance(index, (IntExpr, StrExpr)):
+            key = index.value
+        else:
+            return None
         base = place_of(expr.base)
-        return None if base is None else f"{base}[{expr.index.value!r}]"
+        return None if base is None else f"{base}[{key!r}]"
     return None
 
 
@@ -107,7 +138,21 @@ def borrow_of(expr: Expression) -> tuple[str, bool] | None:
     return None if place is None else (place, False)
 
 
-def check_borrows(ctx: FunctionContext | MethodContext) -> Type:
+def check_graph_node_call(ctx: FunctionContext | MethodContext) -> Type:
+    """A call whose type says it builds a graph node (other calls pass untouched): its borrows."""
+    if _makes_graph_node(ctx.default_return_type):
+        check_borrows(ctx)
+    return ctx.default_return_type
+
+
+def check_launch(ctx: MethodContext) -> Type:
+    """A kernel launch (a ``Launcher``'s call): its borrows and its scalar arguments."""
+    check_borrows(ctx)
+    check_scalars(ctx)
+    return ctx.default_return_type
+
+
+def check_borrows(ctx: FunctionContext | MethodContext) -> None:
     """Report the first conflicting pair of borrows among a graph-node call's arguments."""
     seen: dict[str, tuple[bool, int, Expression]] = {}
     args = [arg for group in ctx.args for arg in group]
@@ -138,44 +183,98 @@ def check_borrows(ctx: FunctionContext | MethodContext) -> Type:
             ):
                 ctx.api.msg.note(f"{kind} borrow of `{place}` occurs here (argument {pos})", where, code=BORROW)
         break
-    return ctx.default_return_type
+
+
+def check_scalars(ctx: MethodContext) -> None:
+    """A bool where a kernel takes an int or float scalar: mypy lets it through (a bool is an int),
+    and scopegraph refuses it when the launch is built, so it is an ``arg-type`` error here too."""
+    launcher = ctx.type
+    if not isinstance(launcher, Instance) or not isinstance(ctx.context, CallExpr):
+        return
+    declared = get_proper_type(launcher.args[0])
+    if not isinstance(declared, Parameters) or len(declared.arg_types) != len(ctx.args):
+        return
+    for formal, actuals, types in zip(declared.arg_types, ctx.args, ctx.arg_types, strict=True):
+        expected = get_proper_type(formal)
+        if not isinstance(expected, Instance) or expected.type.fullname not in ("builtins.int", "builtins.float"):
+            continue
+        for actual, typ in zip(actuals, types, strict=True):
+            given = get_proper_type(typ)
+            if isinstance(given, LiteralType):
+                given = given.fallback
+            if isinstance(given, Instance) and given.type.fullname == "builtins.bool":
+                # Numbered or named as mypy's own messages do.
+                at = next(i for i, arg in enumerate(ctx.context.args) if arg is actual)
+                keyword = ctx.context.arg_names[at]
+                argument = f'"{keyword}"' if keyword is not None else str(at + 1)
+                ctx.api.fail(
+                    f'Argument {argument} to "{_launch_name(launcher)}" has incompatible type "bool"; '
+                    f'expected "{expected.type.name}" (a kernel scalar takes no bool: scopegraph refuses it '
+                    "when the launch is built)",
+                    actual,
+                    code=ARG_TYPE,
+                )
 
 
 def _kernel_name(expr: Expression) -> str | None:
-    """The kernel's name from ``k[...]``, ``mod.k[...]`` or ``k.generics(...)[...]``."""
+    """The kernel's name from ``k[...]``, ``mod.k[...]`` or ``k.generics(...)[...]``; for a kernel
+    held in a container, the place that holds it (``kernels['axpy']``)."""
     if isinstance(expr, IndexExpr):
         expr = expr.base
     if isinstance(expr, CallExpr) and isinstance(expr.callee, MemberExpr) and expr.callee.name == "generics":
         expr = expr.callee.expr
     if isinstance(expr, (NameExpr, MemberExpr)):
         return expr.name
-    return None
+    return place_of(expr)
 
 
-def _is_graph_node(typ: ProperType) -> bool:
-    return isinstance(typ, Instance) and typ.type.has_base(_GRAPH_NODE)
+def _makes_graph_node(typ: Type) -> bool:
+    """A GraphNode subclass, or a union of them (``sg.Memcpy | sg.Memset``, None allowed)."""
+    proper = get_proper_type(typ)
+    items = [get_proper_type(t) for t in proper.items] if isinstance(proper, UnionType) else [proper]
+    nodes = [t for t in items if not isinstance(t, NoneType)]
+    return bool(nodes) and all(isinstance(t, Instance) and t.type.has_base(_GRAPH_NODE) for t in nodes)
+
+
+def _may_make_graph_node(typ: Type | None) -> bool:
+    """Whether calling something of this type may return a graph node (a function or an overload)."""
+    proper = get_proper_type(typ)
+    if isinstance(proper, CallableType):
+        return _makes_graph_node(proper.ret_type)
+    if isinstance(proper, Overloaded):
+        return any(_makes_graph_node(item.ret_type) for item in proper.items)
+    return False
 
 
 class ScopeGraphPlugin(Plugin):
     def _returns_graph_node(self, fullname: str) -> bool:
+        """Whether the function, class, overload or variable ``fullname`` may build a graph node. The
+        hook checks each call's own return type, so this may only err on the side of yes."""
         sym = self.lookup_fully_qualified(fullname)
         node = sym.node if sym is not None else None
         if isinstance(node, TypeInfo):
             return node.has_base(_GRAPH_NODE)
-        func = node.func if isinstance(node, Decorator) else node
-        if not isinstance(func, (FuncDef, OverloadedFuncDef)):
-            return False
-        typ = get_proper_type(func.type)
-        return isinstance(typ, CallableType) and _is_graph_node(get_proper_type(typ.ret_type))
+        if isinstance(node, Decorator):
+            # The decorated type where mypy has it (a decorator may change what a call returns).
+            return _may_make_graph_node(node.var.type or node.func.type)
+        if isinstance(node, (FuncDef, OverloadedFuncDef, Var)):
+            return _may_make_graph_node(node.type)
+        return False
 
     def get_function_hook(self, fullname: str) -> Callable[[FunctionContext], Type] | None:
-        return check_borrows if self._returns_graph_node(fullname) else None
+        # A bare name is a local (a parameter, a local function or variable), which cannot be
+        # looked up: the hook looks at the call's own type instead.
+        if fullname.isidentifier() or self._returns_graph_node(fullname):
+            return check_graph_node_call
+        return None
 
     def get_method_hook(self, fullname: str) -> Callable[[MethodContext], Type] | None:
         if fullname == _KERNEL_GETITEM:
             return self._launcher_type
-        if fullname == _LAUNCHER_CALL or self._returns_graph_node(fullname):
-            return check_borrows
+        if fullname == _LAUNCHER_CALL:
+            return check_launch
+        if fullname == _LRU_CACHE_CALL or self._returns_graph_node(fullname):
+            return check_graph_node_call
         return None
 
     def get_method_signature_hook(self, fullname: str) -> Callable[[MethodSigContext], CallableType] | None:
@@ -183,27 +282,36 @@ class ScopeGraphPlugin(Plugin):
 
     def _launch_signature(self, ctx: MethodSigContext) -> CallableType:
         """The kernel's name in messages, and ``sg.Param[T]`` accepted where it takes a scalar ``T``."""
-        signature = _name_the_kernel(ctx)
+        signature = ctx.default_signature.copy_modified(name=_launch_name(ctx.type))
         sym = self.lookup_fully_qualified(_PARAM)
         if sym is None or not isinstance(sym.node, TypeInfo):
             return signature
         return _accept_params(sym.node, signature)
 
     def _launcher_type(self, ctx: MethodContext) -> Type:
-        """``k[grid, block]`` as ``Launcher[P]``, so the call it makes reaches the hooks above."""
+        """``k[grid, block]`` as ``Launcher[P, Literal["k"]]``: its call reaches the hooks above, and
+        the kernel's name travels in the type, through variables too (mypy drops a callable's own
+        name when it infers a variable's type)."""
         ret = get_proper_type(ctx.default_return_type)
-        if not isinstance(ret, CallableType):
-            return ctx.default_return_type
         sym = self.lookup_fully_qualified(_LAUNCHER)
-        if sym is None or not isinstance(sym.node, TypeInfo):
+        if not isinstance(ret, CallableType) or sym is None or not isinstance(sym.node, TypeInfo):
             return ctx.default_return_type
-        return Instance(sym.node, [Parameters(ret.arg_types, ret.arg_kinds, ret.arg_names)])
+        text = ctx.api.named_generic_type("builtins.str", [])
+        name = _kernel_name(ctx.context) if isinstance(ctx.context, IndexExpr) else None
+        return Instance(
+            sym.node,
+            [
+                Parameters(ret.arg_types, ret.arg_kinds, ret.arg_names),
+                text if name is None else LiteralType(name, fallback=text),
+            ],
+        )
 
 
-def _name_the_kernel(ctx: MethodSigContext) -> CallableType:
-    context = ctx.context
-    name = _kernel_name(context.callee) if isinstance(context, CallExpr) else None
-    return ctx.default_signature.copy_modified(name=name) if name else ctx.default_signature
+def _launch_name(launcher: Type) -> str:
+    """The kernel's name that ``Launcher[P, Literal["k"]]`` carries (see _launcher_type)."""
+    proper = get_proper_type(launcher)
+    name = get_proper_type(proper.args[1]) if isinstance(proper, Instance) and len(proper.args) == 2 else None
+    return name.value if isinstance(name, LiteralType) and isinstance(name.value, str) else _UNNAMED_LAUNCH
 
 
 def _accept_params(param: TypeInfo, signature: CallableType) -> CallableType:

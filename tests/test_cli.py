@@ -104,6 +104,10 @@ REFUSED = [
     (["demo", "--device", "cuda:64"], "argument --device: selecting device 'cuda:64' failed"),
     (["bench", "--only", "nothing"], "argument --only: invalid choice: 'nothing'"),
     ([], "the following arguments are required: COMMAND"),
+    # An unknown option is named, by the command it follows, before a missing command is.
+    (["--bogus"], "python -m scopegraph: error: unrecognized arguments: --bogus"),
+    (["demo", "--bogus"], "python -m scopegraph demo: error: unrecognized arguments: --bogus"),
+    (["bench", "--quick", "--bogus", "x"], "python -m scopegraph bench: error: unrecognized arguments: --bogus x"),
 ]
 if not HAS_GPU:
     REFUSED.append((["demo", "--device", "cuda"], "argument --device: selecting device 'cuda' failed"))
@@ -296,6 +300,26 @@ def test_a_model_too_big_for_the_memory_is_refused_in_one_line(
     code, out, err = run_main(["demo", "--device", "host", "--d", "16", "--layers", "1", "--tokens", "1"], capsys)
     assert code == 2 and "Traceback" not in err and err.count("\n") == 1, err
     assert "a model of 1 layer at d=16 does not fit in host memory; use a smaller --d or --layers" in err
+
+
+@pytest.mark.parametrize("command", ["demo", "bench"])
+def test_gpus_in_a_single_process_is_refused_like_any_other_mistake(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--gpus 2 without a launcher: one process, not two. The same error line as any other mistake
+    (the command's prog, ``error:``, the option), then the command to run."""
+    monkeypatch.setenv("SCOPEGRAPH_BOOTSTRAP", "single")
+    out_dir = ["--out", str(tmp_path)] if command == "bench" else []
+    code, out, err = run_main([command, "--device", "host", "--gpus", "2", *out_dir], capsys)
+    assert_refused(
+        code,
+        out,
+        err,
+        f"python -m scopegraph {command}: error: argument --gpus: 2 needs 2 processes, one per GPU, "
+        "but this program has 1",
+        lines=2,
+    )
+    assert err.splitlines()[1] == f"help: run `torchrun --nproc-per-node 2 -m scopegraph {command} --gpus 2`"
 
 
 def test_a_launch_environment_that_is_not_right_is_refused_with_its_help_line(

@@ -4,6 +4,8 @@ NVRTC, header contents are part of the key, and bad options are CompileErrors.""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -16,7 +18,7 @@ import cuda.core
 
 import scopegraph as sg
 from scopegraph import Mut, Tensor, library
-from scopegraph._compile import _memory, compile_kernel
+from scopegraph._compile import _memory, _waits, compile_kernel
 
 if TYPE_CHECKING:
     from cuda.core import ObjectCode
@@ -95,6 +97,62 @@ def test_compile_cache_reuses_memory_and_disk(tmp_path: Path, monkeypatch: pytes
     assert not again.same_object(first)
     assert again.cubin == first.cubin
     assert again.symbols == first.symbols == ["add"]
+
+
+def _entries(root: Path) -> tuple[Path, Path]:
+    """The one cached kernel's (cubin, symbols) files on disk."""
+    files = [f for f in (root / "kernels").rglob("*") if f.is_file() and "entries" in f.parts]
+    cubins = [f for f in files if f.read_bytes().startswith(b"\x7fELF")]
+    assert len(files) == 2 and len(cubins) == 1, files
+    return cubins[0], next(f for f in files if f != cubins[0])
+
+
+CORRUPTIONS = {
+    "symbols cut short": lambda cubin, symbols: (cubin, symbols[: len(symbols) // 2]),
+    "symbols not utf-8": lambda cubin, symbols: (cubin, b"\xff\xfe" + symbols),
+    "symbols not a map": lambda cubin, symbols: (cubin, b'["add"]'),
+    "a symbol of another type": lambda cubin, symbols: (cubin, b'{"add": 1}'),
+    "cubin cut short": lambda cubin, symbols: (cubin[: len(cubin) - 16], symbols),
+    "cubin cut to its header": lambda cubin, symbols: (cubin[:64], symbols),
+    "cubin empty": lambda cubin, symbols: (b"", symbols),
+}
+
+
+@pytest.mark.parametrize("corrupt", CORRUPTIONS.values(), ids=CORRUPTIONS.keys())
+def test_an_entry_that_cannot_be_read_back_is_a_miss(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, corrupt: Callable[[bytes, bytes], tuple[bytes, bytes]]
+) -> None:
+    """An entry on disk that cannot be read back (either of its two files) is compiled again and
+    overwritten, not a JSONDecodeError out of compile_kernel or a cubin the driver refuses."""
+    compiled = _counting_nvrtc(monkeypatch)
+    first = build(library.add)
+    cubin_file, symbols_file = _entries(tmp_path)
+    cubin, symbols = corrupt(cubin_file.read_bytes(), symbols_file.read_bytes())
+    cubin_file.write_bytes(cubin)
+    symbols_file.write_bytes(symbols)
+    _memory.clear()
+    again = build(library.add)
+    assert compiled == ["add", "add"]
+    assert again.cubin == first.cubin and again.symbols == ["add"]
+    # Overwritten: a new process reads it back without NVRTC.
+    _memory.clear()
+    _nvrtc_unavailable(monkeypatch)
+    assert build(library.add).cubin == first.cubin
+
+
+def test_a_garbled_wait_check_verdict_is_checked_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The verdict of a pdl=True kernel's wait check, garbled on disk, is no verdict (compiled and
+    checked again), never a PdlWaitError for a kernel that waits."""
+    compiled = _counting_nvrtc(monkeypatch)
+    build(library.fill)
+    _, symbols_file = _entries(tmp_path)
+    symbols = json.loads(symbols_file.read_bytes())
+    assert symbols.pop("griddepcontrol.wait check 1") == "reached"
+    symbols_file.write_text(json.dumps({**symbols, "griddepcontrol.wait check 1": "garbled"}))
+    _memory.clear()
+    _waits.clear()
+    build(library.fill)
+    assert compiled == ["fill", "fill"]
 
 
 HEADER_KERNEL = """

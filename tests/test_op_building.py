@@ -5,12 +5,15 @@ and that what it accepts binds to the same values."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
 import scopegraph as sg
 from scopegraph import library
 from scopegraph._errors import BorrowError, LifetimeError, SignatureError
+from scopegraph._kernel import declared_template
 
 from .helpers import device_memory
 
@@ -40,7 +43,8 @@ def test_opting_in_to_more_shared_memory_is_kept_by_every_build_of_a_kernel() ->
 
     wide = sg.kernel(src, max_shared_bytes=96 * 1024)(staged)
     plain = sg.kernel(src)(staged)
-    for k in (wide, wide.generics(4), wide.rebuilt(options=(("use_fast_math", True),))):
+    assert wide.max_shared_bytes == 96 * 1024  # launched through its instantiations (a template)
+    for k in (wide.generics(4), wide.rebuilt(options=(("use_fast_math", True),)).generics(4)):
         assert k.max_shared_bytes == 96 * 1024
         assert k[1, 32, 96 * 1024].shmem == 96 * 1024
         with pytest.raises(SignatureError, match="max_shared_bytes"):
@@ -52,7 +56,7 @@ def test_opting_in_to_more_shared_memory_is_kept_by_every_build_of_a_kernel() ->
         with pytest.raises(SignatureError, match="max_shared_bytes"):
             sg.kernel(src, max_shared_bytes=bad)(staged)  # type: ignore[arg-type]
     assert sg.kernel(src, max_shared_bytes=np.int64(65536))(staged).max_shared_bytes == 65536  # type: ignore[arg-type]
-    narrow = sg.kernel(src, max_shared_bytes=1024)(staged)  # less than 48 KiB is a limit too
+    narrow = sg.kernel(src, max_shared_bytes=1024)(staged).generics(4)  # less than 48 KiB is a limit too
     assert narrow[1, 32, 1024].shmem == 1024
     with pytest.raises(SignatureError, match=r"at most the 1024 bytes its declaration allows"):
         narrow[1, 32, 4096]
@@ -178,3 +182,79 @@ def test_eager_memcpy_and_memset_allocate_nothing_per_call(
     np.testing.assert_array_equal(y.numpy(), expect)
     sg_device.zeros((4,))  # the count works: a real allocation is seen
     assert len(allocated) == 1
+
+
+# -- declarations the op builder would misread, refused when the kernel is declared ----------------
+
+
+def test_a_parameter_default_is_refused_when_the_kernel_is_declared() -> None:
+    """mypy would accept a launch that leaves a defaulted argument out, and building the op would
+    then refuse it: a CUDA kernel takes every argument, so the default is refused up front."""
+
+    def k(o: sg.Mut[sg.Tensor], n: sg.i32 = 8) -> None: ...
+
+    with pytest.raises(SignatureError, match=r"parameter `n` has a default \(8\)") as info:
+        sg.kernel('extern "C" __global__ void k(float* o, int n) {}')(k)
+    assert "help: drop the default and pass `n` at launch" in str(info.value)
+    assert "sg.Param" in str(info.value)
+
+
+def declared_with(annotation: str) -> Any:
+    """A function ``out_param(o: <annotation>)``, for sg.kernel to read."""
+    namespace: dict[str, Any] = {}
+    exec(
+        "from typing import Annotated\nimport scopegraph as sg\nfrom scopegraph import Mut, Tensor\n"
+        f"def out_param(o: {annotation}) -> None: ...",
+        namespace,
+    )
+    return namespace["out_param"]
+
+
+@pytest.mark.parametrize(
+    "annotation",
+    ["Mut[int]", "Mut[sg.f32]", "Mut[Mut[Tensor]]", "Mut", "Mut[Annotated[Tensor, sg.TensorSpec(sg.f32)]]"],
+)
+def test_a_mut_of_anything_but_tensor_is_refused_when_the_kernel_is_declared(annotation: str) -> None:
+    """Only ``Mut[Tensor]`` declares a written tensor; the rest was read as one, its meaning dropped."""
+    with pytest.raises(SignatureError, match=r"kernel `out_param` parameter `o` is annotated") as info:
+        sg.kernel("")(declared_with(annotation))
+    assert "help: annotate `o` as Mut[Tensor]" in str(info.value)
+
+
+def test_mut_tensor_with_a_spec_outside_is_still_a_written_parameter() -> None:
+    param = sg.kernel("")(declared_with("Annotated[Mut[Tensor], sg.TensorSpec(sg.f32)]")).params[0]
+    assert param.kind == "mut" and param.dtype == sg.float32
+
+
+def test_a_template_kernel_launched_without_generics_is_refused_on_every_backend(sg_device: sg.Device) -> None:
+    """No GPU can compile ``rms_norm`` without its template argument, so the host backend, which
+    would run the reference, refuses the launch too, before an op is built; its instantiations launch."""
+    x = sg_device.from_numpy(np.ones((1, 256), np.float32))
+    w = sg_device.from_numpy(np.ones(256, np.float32))
+    y = sg_device.zeros((1, 256))
+    with pytest.raises(SignatureError, match=r"`rms_norm` is a C\+\+ template kernel \(template <int BS>\)") as info:
+        library.rms_norm[1, 256](y.mut(), x, w, 1e-5, 256)
+    assert "help: instantiate it first, one value per template parameter: rms_norm.generics(...)" in str(info.value)
+    sg_device.stream().run(library.rms_norm.generics(256)[1, 256](y.mut(), x, w, 1e-5, 256))
+    np.testing.assert_allclose(y.numpy(), 1.0, rtol=1e-5)
+
+
+TEMPLATES = r"""
+#include "not_read.h"
+/* was: __global__ void scaled(float* out); */
+extern "C" __global__ void plain(float* out) { printf("__global__ void scaled(float* out)"); }
+__device__ void scaled(int* flag);
+template <typename T, int N = (3 > 2)> __global__ void __launch_bounds__(256) scaled(T* out);
+template <typename T, int N = (3 > 2)> __global__ void __launch_bounds__(256) scaled(T* out) { plain(0); }
+__device__ void helper(float* out) { scaled<float, 1><<<1, 1>>>(out); }
+"""
+
+
+@pytest.mark.parametrize(
+    ("name", "parameters"),
+    [("plain", None), ("scaled", "<typename T, int N = (3 > 2)>"), ("helper", None), ("from_a_header", None)],
+)
+def test_templates_are_found_in_the_declaration_only(name: str, parameters: str | None) -> None:
+    """Comments, strings, calls and device functions are not declarations of a kernel; a kernel the
+    source does not spell out (a header, a macro) is left to the compiler."""
+    assert declared_template(TEMPLATES, name) == parameters

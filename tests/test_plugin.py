@@ -44,8 +44,22 @@ def test_orders():
         nodes = [s.record(library.fill_op(x.mut(), float(i))) for i, x in enumerate(xs)]
     print("ORDERS", [s.graph.executable.order() for _ in range(3)])
 
-def test_fails():
+def test_fails_on_a_device(sg_device):
     assert False
+
+def test_fails_after_a_replay():
+    dev = sg.device("host")
+    x = dev.zeros((4,))
+    with CudaGraph.scope(dev.stream()) as s:
+        s.record(library.fill_op(x.mut(), 1.0))
+    s.graph.launch()
+    assert False
+"""
+
+# Fails using nothing of scopegraph, in a project that turned the plugin on.
+FOREIGN_FAILURE = """
+def test_fails():
+    assert 1 == 2
 """
 
 
@@ -81,9 +95,24 @@ def test_replay_order_is_seeded_shown_and_reproducible(tmp_path: Path) -> None:
     again = _pytest(tmp_path, ORDER_TEST, "-p", "scopegraph.pytest_plugin", "--sg-seed=1234")
     other = _pytest(tmp_path, ORDER_TEST, "-p", "scopegraph.pytest_plugin", "--sg-seed=99")
     assert "scopegraph host replay seed: 1234" in first.stdout
-    assert "rerun with --sg-seed=1234 test_probe.py::test_fails" in first.stdout
+    assert "rerun with --sg-seed=1234 test_probe.py::test_fails_on_a_device[host]" in first.stdout
+    assert "rerun with --sg-seed=1234 test_probe.py::test_fails_after_a_replay" in first.stdout
     orders = [next(line for line in run.stdout.splitlines() if "ORDERS" in line) for run in (first, again, other)]
     assert orders[0] == orders[1] != orders[2]
+
+
+def test_a_test_that_uses_nothing_of_scopegraph_fails_as_without_the_plugin(tmp_path: Path) -> None:
+    """Issue 13: the seed goes into the failure report of a test that uses the plugin's fixtures or
+    marker, or replayed a host graph (above); a failure that has nothing to do with scopegraph is
+    reported as it would be without the plugin."""
+    plain = _pytest(tmp_path, FOREIGN_FAILURE)
+    opted_in = _pytest(tmp_path, FOREIGN_FAILURE, "-p", "scopegraph.pytest_plugin", "--sg-seed=1234")
+    assert "1 failed" in opted_in.stdout and "assert 1 == 2" in opted_in.stdout, opted_in.stdout
+    assert "scopegraph host replay seed: 1234" in opted_in.stdout  # the session's header still says it
+    assert "host replay seed 1234: rerun" not in opted_in.stdout, opted_in.stdout  # no section
+    assert "scopegraph" not in plain.stdout
+    sections = [line for line in opted_in.stdout.splitlines() if line.startswith("---")]
+    assert sections == [line for line in plain.stdout.splitlines() if line.startswith("---")], opted_in.stdout
 
 
 def test_each_replay_takes_another_valid_order() -> None:

@@ -61,6 +61,17 @@ def test_messages_name_the_kernel_and_the_borrows(fail_results: tuple[dict[tuple
     _, output = fail_results
     assert 'Argument 1 to "axpy" has incompatible type "Tensor"; expected "Mut[Tensor]"' in output
     assert "__call__" not in output
+    # A launch held in a variable or a container is named too (issue 4), and one whose kernel no
+    # expression names is still not `"__call__" of "Launcher"`.
+    held = (
+        (SNIPPETS / "fail" / "plugin_forms.py").read_text().splitlines().index("launch(y.mut(), x, 1.0)  # E: call-arg")
+    )
+    assert f'plugin_forms.py:{held + 1}: error: Missing positional argument "n" in call to "axpy"' in output
+    assert 'Missing positional argument "n" in call to "kernels[\'axpy\']"' in output
+    assert 'Too few arguments for "kernel launch"' in output
+    assert (
+        'Argument "n" to "axpy" has incompatible type "bool"; expected "int" (a kernel scalar takes no bool' in output
+    )
     assert "cannot borrow `self.bufs.norm` as immutable because it is also borrowed as mutable" in output
     assert "note: mutable borrow of `bufs[0]` occurs here (argument 1)" in output
     assert "cannot borrow `x` as mutable more than once at a time" in output

@@ -29,6 +29,19 @@ def positive_int(text: str) -> int:
     return value
 
 
+def parse_command_line(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """``parser.parse_args(argv)`` for a parser whose commands are optional subparsers (``dest="command"``,
+    each with ``parser=`` set to itself): an option nobody knows is named first, by the command it
+    follows (argparse would say only that the command is missing, for ``--bogus`` alone), then a
+    missing command is refused as argparse refuses it."""
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        getattr(args, "parser", parser).error(f"unrecognized arguments: {' '.join(unknown)}")
+    if args.command is None:
+        parser.error("the following arguments are required: COMMAND")
+    return args
+
+
 class UsageError(Exception):
     """A user's mistake found after the arguments were parsed: a size that cannot fit, an output
     directory that cannot be written, a launch environment that is not right. ``scopegraph.__main__``

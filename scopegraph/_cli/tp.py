@@ -223,14 +223,14 @@ def report(f: Figures, check_tokens: int = 8) -> list[str]:
 
 
 def ranks_match(comm: Communicator, gpus: int, command: str) -> bool:
-    """Is there one process per requested GPU? Rank 0 says what to run when there is not."""
+    """Is there one process per requested GPU? When there is not, rank 0 raises the UsageError that
+    says what to run (reported once, as the command line reports any mistake); the others return False."""
     if comm.world_size == gpus:
         return True
     if comm.rank == 0:
-        print(
-            f"scopegraph {command}: --gpus {gpus} needs {gpus} processes, one per GPU, but this program has "
-            f"{comm.world_size}\nhelp: run `torchrun --nproc-per-node {gpus} -m scopegraph {command} --gpus {gpus}`",
-            file=sys.stderr,
+        raise UsageError(
+            f"argument --gpus: {gpus} needs {gpus} processes, one per GPU, but this program has {comm.world_size}",
+            f"run `torchrun --nproc-per-node {gpus} -m scopegraph {command} --gpus {gpus}`",
         )
     return False
 

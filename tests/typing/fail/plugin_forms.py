@@ -1,0 +1,79 @@
+"""The forms of graph-node calls the plugin checks besides plain functions, and launches named
+through a variable or a container; and a bool where a kernel takes an int or float scalar."""
+
+import functools
+from collections.abc import Callable
+from typing import ParamSpec, overload
+
+import scopegraph as sg
+from scopegraph import CudaGraph, Mut, Tensor, library
+
+dev = sg.device("host")
+stream = dev.stream()
+x = dev.zeros((16,))
+y = dev.zeros((16,))
+bufs = [dev.zeros((16,)) for _ in range(2)]
+flag = True
+P = ParamSpec("P")
+
+
+@sg.kernel("")
+def swap(a: Mut[Tensor], b: Mut[Tensor]) -> None: ...
+
+
+@overload
+def copy_or_fill(out: Mut[Tensor], src: Tensor) -> sg.Memcpy: ...
+@overload
+def copy_or_fill(out: Mut[Tensor], src: float) -> sg.Memset: ...
+def copy_or_fill(out: Mut[Tensor], src: Tensor | float) -> sg.Memcpy | sg.Memset:
+    return sg.memcpy(out, src) if isinstance(src, Tensor) else sg.memset(out, src)
+
+
+def either(out: Mut[Tensor], src: Tensor) -> sg.Memcpy | sg.Memset:
+    return sg.memcpy(out, src)
+
+
+@functools.cache
+def cached(out: Mut[Tensor], src: Tensor) -> sg.Memcpy:
+    return sg.memcpy(out, src)
+
+
+def copies(declared: Callable[P, None]) -> Callable[P, sg.Memcpy]:
+    """A decorator that makes a node-building function of a declaration (its type says so)."""
+    raise NotImplementedError
+
+
+@copies
+def declared_copy(out: Mut[Tensor], src: Tensor) -> None: ...
+
+
+def through(make: Callable[[Mut[Tensor], Tensor], sg.GraphNode]) -> None:
+    def local(out: Mut[Tensor], src: Tensor) -> sg.Memcpy:
+        return sg.memcpy(out, src)
+
+    stream.run(make(y.mut(), y))  # E: scopegraph-borrow
+    stream.run(local(x.mut(), x))  # E: scopegraph-borrow
+
+
+with CudaGraph.scope(stream) as s:
+    s.record(copy_or_fill(y.mut(), y))  # E: scopegraph-borrow
+    s.record(either(y.mut(), y))  # E: scopegraph-borrow
+    s.record(cached(y.mut(), y))  # E: scopegraph-borrow
+    s.record(declared_copy(y.mut(), y))  # E: scopegraph-borrow
+    s.record(swap[1, 1](bufs[-1].mut(), bufs[-1].mut()))  # E: scopegraph-borrow
+    s.record(library.axpy[1, 16](y.mut(), x, 2.0, True))  # E: arg-type
+    s.record(library.axpy[1, 16](y.mut(), x, flag, 16))  # E: arg-type
+    s.record(library.axpy[1, 16](y.mut(), x, 2.0, n=flag))  # E: arg-type
+
+launch = library.axpy[1, 16]
+launch(y.mut(), x, 1.0)  # E: call-arg
+launch(y.mut(), y, 1.0, 16)  # E: scopegraph-borrow
+kernels = {"axpy": library.axpy}
+kernels["axpy"][1, 16](y.mut(), x, 1.0)  # E: call-arg
+
+
+def some_kernel() -> sg.Kernel[[Mut[Tensor], Tensor, float, int]]:
+    return library.axpy
+
+
+some_kernel()[1, 16](y.mut(), x, 1.0)  # E: call-arg
