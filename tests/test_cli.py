@@ -67,6 +67,9 @@ def test_info_names_a_bad_environment_device(
     code, out, _ = run_main(["info"], capsys)
     assert code == 0
     assert "SCOPEGRAPH_DEVICE='bogus' is set but is not a device" in out
+    monkeypatch.setenv("SCOPEGRAPH_DEVICE", " ")  # blank is unset, for info as for sg.device()
+    code, out, _ = run_main(["info"], capsys)
+    assert code == 0 and "SCOPEGRAPH_DEVICE" not in out.split("default device", 1)[1].splitlines()[0]
 
 
 @pytest.mark.parametrize("command", [[], ["info"], ["demo"], ["bench"]])

@@ -9,7 +9,6 @@ is reported as a line, never raised.
 from __future__ import annotations
 
 import argparse
-import os
 import platform
 import sys
 from dataclasses import dataclass, field
@@ -17,9 +16,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from .._device import DEVICE_ENV, env_device
 from .args import device_spec
-
-DEVICE_ENV = "SCOPEGRAPH_DEVICE"
 
 
 @dataclass
@@ -102,8 +100,8 @@ def package_version(distribution: str) -> str:
 
 def default_device(drv: Driver) -> tuple[str, str]:
     """The device ``sg.device()`` picks, and why (the same rule, stated without building it)."""
-    chosen = os.environ.get(DEVICE_ENV)
-    if chosen:
+    chosen = env_device()  # blank counts as unset, as in sg.device()
+    if chosen is not None:
         try:
             spec = device_spec(chosen)
         except argparse.ArgumentTypeError as exc:
