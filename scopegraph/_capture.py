@@ -54,6 +54,12 @@ writes first (writable), then the reads (read-only): ``host(*writes, *reads)``. 
 
 Collectives (``scopegraph._collectives``) are captured nodes too: their NCCL calls are captured
 into a child graph when the scope builds its graph.
+
+In a loop or branch body (``body.capture(...)``, same arguments) the region's node runs in every
+iteration, or when the branch is taken. A CUDA conditional body holds only kernel, memcpy, memset,
+empty, child-graph and conditional nodes, child graphs included, so a capture holding anything
+else (an event record or wait, a host callback) is a CaptureError when the region's block ends
+(:func:`check_body_graph`), before anything is built.
 """
 
 from __future__ import annotations
@@ -87,6 +93,7 @@ from ._tensor import Mut, Tensor
 if TYPE_CHECKING:
     from cuda.core.graph import GraphDefinition
 
+    from ._control import Body
     from ._stream import Stream
 
 NDArray = np.ndarray[Any, np.dtype[Any]]
@@ -225,6 +232,22 @@ class Captured(GraphNode):
 
         return run
 
+    def body_refusal(self, refused: list[str]) -> CaptureError:
+        """The error for a capture in a loop or branch body that holds the ``refused`` node kinds."""
+        return CaptureError(
+            diagnostic(
+                f"captured region `{self.label_name}` is in a loop or branch body, but its capture holds "
+                f"{', '.join(refused)} node(s), which a CUDA conditional body cannot run",
+                [
+                    f"opened at {self.where}",
+                    BODY_HOLDS,
+                    *body_kind_notes(refused),
+                ],
+                help="open the region outside the loop or branch (s.capture(...) before or after its block), "
+                "or keep events, waits on other streams and host callbacks out of the region's work",
+            )
+        )
+
     def child(self, backend: Any) -> GraphDefinition:
         """The graph the CUDA backend embeds as this node (a collective captures it here)."""
         assert self.definition is not None, "a captured region sets its definition when its capture ends"
@@ -325,6 +348,44 @@ def check_no_allocation_nodes(what: str, where: str, graph_handle: Any) -> int:
             )
         )
     return sum(not k.endswith("_TYPE_GRAPH") for k in kinds)
+
+
+# What a CUDA conditional body (a loop's or a branch's) may hold, child graphs included (the driver's
+# rule, cudaConditionalNodeParams): a capture with any other node kind cannot go in a body.
+_TYPE = "CU_GRAPH_NODE_TYPE_"
+BODY_NODE_KINDS = frozenset(_TYPE + k for k in ("KERNEL", "MEMCPY", "MEMSET", "EMPTY", "GRAPH", "CONDITIONAL"))
+BODY_HOLDS = "a CUDA conditional body holds only kernel, memcpy, memset, empty, child-graph and conditional nodes"
+# Why a capture usually holds the kinds a body cannot.
+_WHY = {
+    "EVENT_RECORD": "EVENT_RECORD / WAIT_EVENT: an event recorded or waited on with the external flag "
+    "(cudaEventRecordWithFlags, cudaStreamWaitEvent with cudaEventWaitExternal), as libraries do to "
+    "order their own streams",
+    "HOST": "HOST: a host function launched on the stream (cudaLaunchHostFunc, a Python callback)",
+    "EXT_SEMAS_SIGNAL": "EXT_SEMAS_SIGNAL / EXT_SEMAS_WAIT: an external semaphore",
+    "BATCH_MEM_OP": "BATCH_MEM_OP: a stream memory operation (cuStreamWriteValue, cuStreamWaitValue)",
+}
+_SAME = {"WAIT_EVENT": "EVENT_RECORD", "EXT_SEMAS_WAIT": "EXT_SEMAS_SIGNAL"}
+
+
+def body_refused_kinds(kinds: Iterable[str]) -> list[str]:
+    """The node kinds (CUgraphNodeType names) among ``kinds`` that a conditional body cannot hold,
+    without the prefix, sorted."""
+    return sorted({k.removeprefix(_TYPE) for k in kinds if k not in BODY_NODE_KINDS})
+
+
+def body_kind_notes(refused: Iterable[str]) -> list[str]:
+    """What usually puts each of the ``refused`` kinds into a capture."""
+    found = dict.fromkeys(_SAME.get(k, k) for k in refused)
+    return [_WHY.get(k, f"{k}: a node kind a conditional body cannot run") for k in found]
+
+
+def check_body_graph(op: Captured, graph_handle: Any) -> None:
+    """Refuse, before anything is built, a captured graph that a loop or branch body cannot hold:
+    the driver allows only kernel, memcpy, memset, empty, child-graph and conditional nodes there,
+    and would refuse the whole graph when it is instantiated."""
+    refused = body_refused_kinds(node_types(graph_handle))
+    if refused:
+        raise op.body_refusal(refused)
 
 
 # -- the two ways of capturing ----------------------------------------------------------------
@@ -521,7 +582,7 @@ class Region:
 
     def __init__(
         self,
-        scope: Scope,
+        owner: Scope | Body,
         writes: Sequence[Mut[Tensor]],
         reads: Sequence[Tensor],
         host: Callable[..., object] | None,
@@ -545,11 +606,12 @@ class Region:
             "keep= takes a list of objects to keep alive",
             "keep=[module, kernel], or region.hold(obj) inside the region",
         )
-        self.scope = scope
+        # The scope, or the loop or branch body (scopegraph._control), the region's node is recorded into.
+        self.owner = owner
         self.via = via
         self.mode = mode
         self.op = Captured(str(name), writes, reads, host, self.location)
-        device = scope.stream.device
+        device = owner.stream.device if isinstance(owner, Scope) else owner.device
         if self.op.device is not device:
             raise SignatureError(
                 diagnostic(
@@ -596,24 +658,28 @@ class Region:
         )
 
     def __enter__(self) -> Region:
-        scope = self.scope
+        owner = self.owner
         if self._entered:
             raise ScopeStateError("this captured region was already used\nhelp: open a new one with s.capture(...)")
-        if scope._state is not _State.OPEN:
-            raise ScopeStateError(
-                diagnostic(
-                    "cannot open a captured region in a scope that is "
-                    + ("not open yet" if scope._state is _State.NEW else "finished"),
-                    [f"the scope was opened at {scope.opened_at}"],
-                    help="open it inside the `with CudaGraph.scope(stream) as s:` block",
+        if isinstance(owner, Scope):
+            if owner._state is not _State.OPEN:
+                raise ScopeStateError(
+                    diagnostic(
+                        "cannot open a captured region in a scope that is "
+                        + ("not open yet" if owner._state is _State.NEW else "finished"),
+                        [f"the scope was opened at {owner.opened_at}"],
+                        help="open it inside the `with CudaGraph.scope(stream) as s:` block",
+                    )
                 )
-            )
-        if scope._inner is not None:
-            raise scope._inner.busy("open a captured region in the scope")
+            if owner._inner is not None:
+                raise owner._inner.busy("open a captured region in the scope")
+            device = owner.stream.device
+        else:
+            owner._check_recording("open a captured region in")
+            device = owner.device
         for t in self.op.tensors:
             t.check_alive()
         self._entered = True
-        device = scope.stream.device
         if device.is_cuda:
             backend = device.backend
             try:  # making the capture stream, or starting to capture on it, may fail
@@ -642,14 +708,14 @@ class Region:
                 self.stream = self._capture.stream
                 self.handle = int(self._capture.stream.handle)
             self.capturing = True
-        scope._inner = self
+        owner._inner = self
         return self
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        scope = self.scope
-        scope._inner = None
+        owner = self.owner
+        owner._inner = None
         capture, self._capture = self._capture, None
         self.capturing = False
         what = f"captured region `{self.op.label_name}`"
@@ -689,13 +755,19 @@ class Region:
                             ),
                         )
                     )
+                if not isinstance(owner, Scope):  # a loop or branch body: before anything is built
+                    check_body_graph(self.op, definition.handle)
                 self.op.definition = definition
                 self.op.kept.extend(kept)
         finally:
             self._restore_cupy()
-        start = len(scope._nodes)
-        self.node = scope.record(self.op)
-        for node in scope._nodes[start:]:  # the region's node, and a join the tracker put before it
+        if not isinstance(owner, Scope):
+            self.node = owner.record(self.op)
+            self.node._where = self.where
+            return
+        start = len(owner._nodes)
+        self.node = owner.record(self.op)
+        for node in owner._nodes[start:]:  # the region's node, and a join the tracker put before it
             node._where = self.where
 
     # -- CuPy: refuse its allocations while the region captures ----------------------------

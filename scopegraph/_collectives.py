@@ -23,6 +23,13 @@ child-graph node (the NCCL call captured with cuda.core's graph builder when the
 graph, then embedded). NCCL's unique id travels over the bootstrap (``scopegraph._bootstrap``):
 torch.distributed under torchrun, mpi4py, or scopegraph's own TCP exchange.
 
+Collectives may be recorded into loop and branch bodies (``body.record(comm.all_reduce(...))``).
+On CUDA a body can hold NCCL's capture only when it is made of kernels: NCCL adds an event record
+and an event wait to each captured collective while its graph mixing support is on (the default),
+so a collective in a body is refused with a CaptureError when the scope builds its graph, on every
+rank, unless ``NCCL_GRAPH_MIXING_SUPPORT=0`` (``Collective.body_refusal``; README "Other libraries'
+work, and several GPUs"). Every rank must run such a loop the same number of times.
+
 On the host backend the same collectives run across processes over the bootstrap itself: every
 rank sends its bytes, every rank computes the result in rank order (so all ranks get bit-identical
 sums). Multi-rank programs are thereby testable in CI without GPUs.
@@ -49,7 +56,7 @@ import itertools
 import json
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -58,7 +65,8 @@ from . import _scope
 from ._bootstrap import KINDS as BOOTSTRAPS
 from ._bootstrap import Bootstrap, DistributedError, check_timeout, from_env
 from ._borrow import Borrow
-from ._capture import ArrayOf, Captured, capture_stream
+from ._capture import BODY_HOLDS, ArrayOf, Captured, CaptureError, body_kind_notes, capture_stream
+from ._control import ControlNode
 from ._device import Device, device
 from ._driver import cuda_device_count
 from ._dtypes import int32
@@ -460,6 +468,39 @@ class Collective(Captured):
         self.definition = definition  # kept with the op, like a region's
         return definition
 
+    def body_refusal(self, refused: list[str]) -> CaptureError:
+        """The error for a collective in a loop or branch body whose NCCL capture holds node kinds
+        a conditional body cannot (see the README's "collectives in loops")."""
+        events = any("EVENT" in k for k in refused)
+        notes = [f"rank {self.comm.rank}: NCCL's capture of `{self.label()}` holds {', '.join(refused)} node(s)"]
+        if events:
+            notes.append(
+                "NCCL records and waits on an event around every captured collective while its graph mixing "
+                "support is on (NCCL_GRAPH_MIXING_SUPPORT=1, the default), to order graphs against eager calls"
+            )
+        if "HOST" in refused:
+            notes.append(
+                "NCCL adds a host callback when a collective needs its proxy thread (a network transport: "
+                "ranks on different machines, or GPUs without peer access)"
+            )
+        notes += [n for n in body_kind_notes(refused) if not n.startswith(("EVENT_RECORD", "HOST"))]
+        notes.append(BODY_HOLDS)
+        fix = (
+            "set NCCL_GRAPH_MIXING_SUPPORT=0 in every rank's environment before its first collective (NCCL "
+            "then needs each graph's replays not to overlap eager collectives or other graphs on the "
+            "communicator: order them, e.g. graph.sync() before eager collectives), or "
+            if events and "HOST" not in refused
+            else ""
+        )
+        return CaptureError(
+            diagnostic(
+                f"rank {self.comm.rank}: `{self.kind}` is in a loop or branch body, but NCCL's capture of it cannot "
+                "run there",
+                notes,
+                help=fix + "record the collective outside the loop or branch",
+            )
+        )
+
 
 def _nccl_error(op: Collective, doing: str, exc: Exception) -> DistributedError:
     return DistributedError(
@@ -489,20 +530,32 @@ def _reduce(op: str, arrays: list[np.ndarray[Any, Any]], n: int) -> np.ndarray[A
 
 def check_recorded(nodes: Sequence[RecordedNode]) -> None:
     """Run when a scope ends cleanly, before its graph is built: the ranks of each communicator
-    exchange the collectives they recorded, in record order; any difference is an error on every
-    rank (CollectiveMismatchError), raised before NCCL captures anything."""
+    exchange the collectives they recorded, in record order, loop and branch bodies included (each
+    named with the bodies it is in); any difference is an error on every rank
+    (CollectiveMismatchError), raised before NCCL captures anything."""
     if not _made:
         return
     programs: dict[int, tuple[Communicator, list[str]]] = {}
+    for op, inside in _collectives_in(nodes, ""):
+        entry = programs.get(op.comm.id)
+        if entry is None:
+            entry = programs[op.comm.id] = (op.comm, [])
+        entry[1].append(inside + op.signature())
+    for comm, program in (programs[k] for k in sorted(programs)):
+        comm.agree("the recorded graph", program)
+
+
+def _collectives_in(nodes: Sequence[RecordedNode], inside: str) -> Iterator[tuple[Collective, str]]:
+    """The collectives of a recording in record order, each with the bodies it is in ("in a loop
+    body: ", nested ones in turn): a collective that one rank runs in a loop and another once is a
+    mismatch too."""
     for node in nodes:
         op = node.op
         if type(op) is Collective:
-            entry = programs.get(op.comm.id)
-            if entry is None:
-                entry = programs[op.comm.id] = (op.comm, [])
-            entry[1].append(op.signature())
-    for comm, program in (programs[k] for k in sorted(programs)):
-        comm.agree("the recorded graph", program)
+            yield op, inside
+        elif isinstance(op, ControlNode):
+            for body in op.bodies:
+                yield from _collectives_in(body.nodes, f"{inside}in a {body.kind}: ")
 
 
 _scope.finishing.append(check_recorded)

@@ -16,9 +16,15 @@ included, and stops when it is zero; a branch checks it once, when the graph rea
 decides: the whole loop is one node of the graph, replayed by one ``graph.launch()``.
 
 Bodies follow the scope's rules. A :class:`Body` records GraphNode ops only (kernel launches,
-memcpy, memset, and nested loops and branches: the node kinds a CUDA conditional body can
-hold; any other kind is refused when it is recorded), checks every op's borrows when the op is
-built, and orders its ops by their data with a tracker of its own (a DAG inside the body). The
+memcpy, memset, captured regions (``body.capture(...)``), collectives, and nested loops and
+branches: the node kinds a CUDA conditional body can hold, a captured region or collective being a
+child graph; any other kind is refused when it is recorded), checks every op's borrows when the op
+is built, and orders its ops by their data with a tracker of its own (a DAG inside the body). A
+child graph must itself hold only kernel, memcpy, memset, empty, child-graph and conditional nodes:
+a captured region whose capture holds anything else (an event record or wait, a host callback) is
+refused when its ``with`` block ends, and a collective whose NCCL capture does when the scope builds
+its graph (see ``scopegraph._capture`` and ``scopegraph._collectives``). Graph parameters
+(``sg.Param``) work in bodies as at the top level. The
 loop or branch is recorded into its owner, when its ``with`` block ends, as one
 :class:`ControlNode` that borrows what its body borrows plus a read of ``flag``, so the outer DAG
 orders it after the ops that produce what it reads and before those that use what it writes.
@@ -51,27 +57,33 @@ runs forever, the stream never drains and ``sync()`` never returns (the process 
 
 from __future__ import annotations
 
+import copy
 import operator
 import sys
 from collections.abc import Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, NamedTuple, TypeVar
 
 import numpy as np
 
 from . import _scope
 from ._borrow import Borrow
+from ._capture import Captured, Region
 from ._dtypes import i32, int32, u64
 from ._errors import NotAGraphNodeError, ScopeGraphError, ScopeStateError, SignatureError, diagnostic
 from ._kernel import KernelLaunch, kernel
 from ._ops import GraphNode, Join, Memcpy, Memset
+from ._params import note_params
 from ._pdl import programmatic_deps
-from ._scope import RecordedNode, Scope, _not_a_graph_node, _State
+from ._scope import RecordedNode, Scope, _not_a_graph_node, _State, end_inner
 from ._stream import check_runnable
 from ._tensor import Mut, Tensor
 from ._tracker import ORDERS
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Mapping
+
+    from ._device import Device
     from ._lifetime import Pin
     from ._stream import Stream
 
@@ -115,27 +127,29 @@ def _where(depth: int) -> tuple[str, int]:
     return frame.f_code.co_filename, frame.f_lineno
 
 
-# What a CUDA conditional body can hold: kernel, memcpy, memset, empty and conditional nodes
-# (child graphs too, which scopegraph does not make yet). Anything else is refused when recorded.
-_BODY_KINDS: tuple[type[GraphNode], ...] = (KernelLaunch, Memcpy, Memset, Join)
+# What a CUDA conditional body can hold: kernel, memcpy, memset, empty, child-graph and conditional
+# nodes. A captured region or a collective is a child graph, whose own nodes are checked when it is
+# captured. Anything else is refused when recorded.
+_BODY_KINDS: tuple[type[GraphNode], ...] = (KernelLaunch, Memcpy, Memset, Join, Captured)
 
 
 class Body:
-    """The ops of a loop body or of one side of a branch: ``body.record(op)`` works as
-    ``s.record(op)`` does, with a dependency tracker of its own, and loops and branches nest
-    (``body.while_``, ``body.if_``, ``body.if_else``)."""
+    """The ops of a loop body or of one side of a branch: ``body.record(op)`` and
+    ``body.capture(...)`` work as ``s.record(op)`` and ``s.capture(...)`` do, with a dependency
+    tracker of its own, and loops and branches nest (``body.while_``, ``body.if_``, ``body.if_else``)."""
 
     def __init__(self, root: Scope, kind: str, flag: Tensor, where: tuple[str, int]) -> None:
         # The scope recording the graph; dropped when the body closes (a graph holds its bodies, and
         # its scope holds the graph: no reference cycle keeps a dropped graph alive).
         self._root: Scope | None = root
+        self.device: Device = root.stream.device
         self.kind = kind  # "loop body", "then" or "else"
         self.flag = flag
         self._where = where
         self._nodes: list[RecordedNode] = []
         self._tracker = ORDERS[root.order](self._add_join)
         self._open = True
-        self._inner: Block[object] | None = None
+        self._inner: Block[object] | Region | None = None
         # The body nodes the end-of-iteration condition kernel waits for (the last writers of
         # `flag`), set when a loop body closes.
         self.condition_deps: frozenset[int] = frozenset()
@@ -155,7 +169,8 @@ class Body:
 
     def record(self, op: GraphNode) -> RecordedNode:
         """Add ``op`` to the body; returns a handle naming the node. Only GraphNode ops that a
-        conditional body can hold are accepted (kernel launches, memcpy, memset, loops, branches)."""
+        conditional body can hold are accepted (kernel launches, memcpy, memset, collectives,
+        loops, branches; captured regions come from ``body.capture``)."""
         self._check_recording("record into")
         if not isinstance(op, GraphNode):
             raise _not_a_graph_node(op)
@@ -165,26 +180,17 @@ class Body:
                     f"cannot record `{op.name}` ({type(op).__name__}) in a {self.kind}",
                     [
                         f"the {self.kind} was opened at {self.opened_at}",
-                        "a CUDA conditional body holds only kernel launches, memcpy, memset and nested loops and "
-                        "branches",
+                        "a CUDA conditional body holds only kernel launches, memcpy, memset, child graphs "
+                        "(captured regions, collectives) and nested loops and branches",
                     ],
                     help="record this op outside the loop or branch, before or after it",
-                )
-            )
-        if getattr(op, "params", None):  # graph parameters (sg.Param) update top-level nodes only
-            raise SignatureError(
-                diagnostic(
-                    f"cannot record `{op.name}` with sg.Param arguments in a {self.kind}",
-                    [
-                        f"the {self.kind} was opened at {self.opened_at}",
-                        "graph.launch(name=value) updates nodes outside loops and branches only",
-                    ],
-                    help="pass a plain scalar, or read the value from a one-element tensor the kernel takes",
                 )
             )
         root = self._root
         assert root is not None  # open
         check_runnable(op, root.stream)
+        if type(op) is KernelLaunch and op.params:
+            note_params(root._params, op)  # one name, one parameter, in bodies as at the top level
         borrows = op.borrows
         deps = self._tracker.add(borrows)
         root._pin.add(borrows)
@@ -193,6 +199,23 @@ class Body:
         node = RecordedNode(len(self._nodes), op, deps, _where(1), programmatic)
         self._nodes.append(node)
         return node
+
+    def capture(
+        self,
+        *,
+        writes: Sequence[Mut[Tensor]],
+        reads: Sequence[Tensor] = (),
+        host: Callable[..., object] | None = None,
+        via: str = "cuda",
+        name: str = "capture",
+        keep: Sequence[object] = (),
+        mode: str = "thread_local",
+    ) -> Region:
+        """A captured region inside the body: see :meth:`Scope.capture`. Its node runs in every
+        iteration of the loop (or when the branch is taken). On CUDA its capture may hold only the
+        node kinds a conditional body can: kernels, copies, fills and child graphs (no event
+        record or wait, no host callback), else the region is refused when its block ends."""
+        return Region(self, writes, reads, host, via, name, keep, mode, _where(1))
 
     def while_(self, flag: Tensor, max_iterations: int | None = None) -> Block[Body]:
         """A loop nested in this body: see :meth:`Scope.while_`."""
@@ -223,14 +246,6 @@ class Body:
     def _add_join(self, index: int, deps: frozenset[int]) -> None:
         assert index == len(self._nodes)
         self._nodes.append(RecordedNode(index, Join(), deps, self._nodes[-1]._where if self._nodes else self._where))
-
-    def _append(self, op: ControlNode, where: tuple[str, int]) -> RecordedNode:
-        assert self._root is not None  # open
-        deps = self._tracker.add(op.borrows)
-        self._root._pin.add(op.borrows)
-        node = RecordedNode(len(self._nodes), op, deps, where)
-        self._nodes.append(node)
-        return node
 
     def _close(self, loop: bool) -> None:
         self._open = False
@@ -309,7 +324,8 @@ class Block(Generic[T_co]):
             diagnostic(
                 f"cannot {what} while the {label} opened at {self.location} is recording",
                 ["an op recorded there now would run before the whole loop or branch, not inside it"],
-                help="record into the handle of the `with` block (`body.record(op)`), or after the block ends",
+                help="record into the handle of the `with` block (`body.record(op)`, `body.capture(...)`), "
+                "or after the block ends",
             )
         )
 
@@ -352,10 +368,15 @@ class Block(Generic[T_co]):
     ) -> None:
         owner = self.owner
         owner._inner = None
+        unclosed = None
         for body in self.bodies:
+            unclosed = end_inner(body, body.kind, exc_type) or unclosed
             body._close(loop=self.kind == "while")
         assert self._pin_mark is not None  # entered
         pin, mark = self._pin_mark
+        if unclosed is not None:
+            pin.roll_back(mark)
+            raise unclosed
         if exc_type is not None:
             # The loop is not recorded; the owner stays usable (the scope abandons it if the error
             # escapes), and the graph pins nothing of it.
@@ -385,7 +406,7 @@ class Block(Generic[T_co]):
             for node in owner._nodes[start:]:  # the loop node, and a join the tracker put before it
                 node._where = self.where
         else:
-            owner._append(op, self.where)
+            owner.record(op)._where = self.where
 
 
 def _check_scope_open(scope: Scope) -> None:
@@ -400,11 +421,12 @@ def _check_scope_open(scope: Scope) -> None:
         )
 
 
-def _aggregate(flag: Tensor, bodies: Sequence[Body], extra: Sequence[Borrow]) -> list[Borrow]:
-    """What a loop or branch borrows as a whole: every borrow of its bodies (a range written
-    anywhere counts as written), a read of ``flag``, and ``extra``."""
+def _aggregate(own: Sequence[Borrow], ops: Iterable[GraphNode]) -> list[Borrow]:
+    """What a loop or branch borrows as a whole: its ``own`` borrows (the read of its flag, a
+    loop's counter) and every borrow of the ``ops`` of its bodies (a range written anywhere counts
+    as written)."""
     by_range: dict[tuple[int, int], Borrow] = {}
-    for b in [Borrow(flag, False, "flag"), *extra, *(b for body in bodies for n in body.nodes for b in n.op.borrows)]:
+    for b in [*own, *(b for op in ops for b in op.borrows)]:
         key = (b.start, b.end)
         have = by_range.get(key)
         if have is None or (b.mutable and not have.mutable):
@@ -416,18 +438,30 @@ class ControlNode(GraphNode):
     """A loop or branch as one node of the enclosing graph or body. It borrows what its bodies
     borrow plus a read of ``flag``. Not runnable eagerly: it runs inside a graph."""
 
-    __slots__ = ("bodies", "flag", "where")
+    __slots__ = ("bodies", "flag", "own", "where")
 
     flag: Tensor
     bodies: tuple[Body, ...]
     where: str
+    own: list[Borrow]  # what the node itself borrows: its flag, and a bounded loop's counter
 
     def _init(self, flag: Tensor, bodies: tuple[Body, ...], where: str, extra: Sequence[Borrow] = ()) -> None:
         self.flag = flag
         self.bodies = bodies
         self.where = where
-        self.borrows = _aggregate(flag, bodies, extra)
+        self.own = [Borrow(flag, False, "flag"), *extra]
+        self.borrows = _aggregate(self.own, (n.op for b in bodies for n in b.nodes))
         self.device = flag.device
+
+    def replaced(self, flag: Tensor, ops: Mapping[RecordedNode, GraphNode]) -> ControlNode:
+        """This loop or branch reading ``flag``, with the body nodes in ``ops`` running their ops
+        there (a rebind's plan, before it is made): a copy whose borrows are what it would borrow.
+        The bodies are shared; the rebind then gives each body node its op (see ``scopegraph._update``)."""
+        new = copy.copy(self)
+        new.flag = flag
+        new.own = [Borrow(flag, False, "flag"), *self.own[1:]]
+        new.borrows = _aggregate(new.own, (ops.get(n, n.op) for b in self.bodies for n in b.nodes))
+        return new
 
     def execute(self, stream: Stream) -> None:
         raise NotAGraphNodeError(
@@ -499,6 +533,44 @@ class If(ControlNode):
     @property
     def name(self) -> str:
         return "if" if self.otherwise is None else "if_else"
+
+
+# -- a recording's nodes, bodies included -------------------------------------------------------
+
+
+class Level(NamedTuple):
+    """One level of a recording: the graph's own nodes, or one body's."""
+
+    start: int  # the slot of its first node
+    nodes: tuple[RecordedNode, ...]
+    body: Body | None  # None for the graph's own nodes
+    where: str  # "" for the graph's own nodes, else e.g. "the loop body of node 3"
+
+    def name(self, index: int) -> str:
+        """How messages name node ``index`` of this level."""
+        return f"node {index} of {self.where}" if self.where else f"node {index}"
+
+
+def levels(nodes: Sequence[RecordedNode]) -> tuple[list[RecordedNode], list[Level]]:
+    """Every node of a recording, loop and branch bodies included, numbered by *slot*: the graph's
+    own nodes first (slot i is node i), then each body's nodes, level by level (breadth first).
+    A level's nodes have consecutive slots, and a loop's or branch's slot is smaller than its
+    bodies'. The backends number their executables' nodes the same way: graph parameters and
+    rebinds update nodes by slot (``Executable.update_node``)."""
+    flat = list(nodes)
+    found = [Level(0, tuple(nodes), None, "")]
+    i = 0
+    while i < len(found):
+        level = found[i]
+        i += 1
+        for node in level.nodes:
+            op = node.op
+            if isinstance(op, ControlNode):
+                for body in op.bodies:
+                    inner = body.nodes
+                    found.append(Level(len(flat), inner, body, f"the {body.kind} of {level.name(node.index)}"))
+                    flat.extend(inner)
+    return flat, found
 
 
 # -- the entry points on Scope (registered below: ``_scope`` cannot import this module) --------

@@ -26,11 +26,10 @@ from ._errors import LifetimeError, NotAGraphNodeError, SignatureError, diagnost
 from ._lifetime import Pin, order_replay
 from ._ops import GraphNode
 from ._params import ParamTable
-from ._pdl import check_programmatic, executable_deps
 from ._scope import RecordedNode, Scope, caller
 from ._stream import Stream
 from ._tensor import Tensor
-from ._update import all_borrows, ancestors, check_order, plan_rebind, repin, topology
+from ._update import Structure, all_borrows, check_rebind, commit, plan_rebind, repin, topology, update_executable
 
 if TYPE_CHECKING:
     from ._backends._base import Executable
@@ -58,13 +57,11 @@ class CudaGraph:
         self._unpin = weakref.finalize(self, _close, executable, pin)
         # Changes without a rebuild (see the "changes" section): what the last one was ("nodes",
         # "whole" or "rebuilt"; None while the graph is as first built), the parameters (made
-        # on first use), and the DAG's ancestor sets (made for the first rebind).
+        # on first use), and the nodes by slot, bodies included, with the DAGs' ancestor sets and
+        # edges (scopegraph._update.Structure: a rebind changes ops, not edges; made on first use).
         self.last_update: str | None = None
         self._params: ParamTable | None = None
-        self._ancestors: list[int] | None = None
-        # The executable's edges (scopegraph._pdl.executable_deps of the nodes it was built from;
-        # a rebind changes ops, not edges), made for the first rebind.
-        self._direct: list[frozenset[int]] | None = None
+        self._structure: Structure | None = None
 
     @classmethod
     def scope(cls, stream: Stream, order: str = "dataflow", into: CudaGraph | None = None, pdl: bool = True) -> Scope:
@@ -200,48 +197,44 @@ class CudaGraph:
     def _param_table(self) -> ParamTable:
         table = self._params
         if table is None:
-            table = self._params = ParamTable(self._nodes)
+            table = self._params = ParamTable(self._structure_of().flat)
         return table
 
+    def _structure_of(self) -> Structure:
+        structure = self._structure
+        if structure is None:
+            structure = self._structure = Structure(self._nodes)
+        return structure
+
     def _set_params(self, exe: Executable, params: Mapping[str, object]) -> None:
-        if self._param_table().apply(self.id, self._nodes, exe, params):
-            self.last_update = "nodes"
+        """Update the nodes (in bodies too) that use a parameter whose value changes."""
+        table = self._params or self._param_table()
+        planned = table.plan(self.id, params)
+        if planned is not None:
+            values, slots = planned
+            self.last_update = update_executable(exe, table.flat, slots, values, table.values)
+            table.values = values
 
     def rebind(self, mapping: Mapping[Tensor, Tensor]) -> None:
         """Point every node that uses ``old`` (or a view of it) at ``new`` instead, for each
-        ``old: new``: node updates, no rebuild. Same dtype, shape and device; the ownership rules
-        are checked again with the new tensors and the pins move from ``old`` to ``new``. On any
+        ``old: new``, in loop and branch bodies too (a loop's flag included): node updates, no
+        rebuild (``graph.last_update``: "nodes", or "whole" where the CUDA driver refuses node
+        updates inside conditional bodies). Same dtype, shape and device; the ownership rules are
+        checked again with the new tensors and the pins move from ``old`` to ``new``. On any
         refusal the graph is unchanged (see ``scopegraph._update``)."""
         with self._lock:
             exe = self._exec
             if exe is None:
                 raise self._closed_error("rebind")
-            nodes = self._nodes
-            changes = plan_rebind(self.id, nodes, mapping)
-            if self._ancestors is None:
-                self._ancestors = ancestors(nodes)
-            check_order(self.id, nodes, changes, self._ancestors)
-            if self._direct is None:
-                self._direct = executable_deps(nodes)
-            check_programmatic(self.id, nodes, changes, self._ancestors, self._direct)
+            structure = self._structure_of()
+            changes = plan_rebind(self.id, structure, mapping)
+            check_rebind(self.id, structure, changes)
             values = self._params.values if self._params is not None else {}
-            done: list[int] = []
-            try:
-                for i, op in changes.items():
-                    exe.update_node(i, op, values)
-                    done.append(i)
-            except BaseException:
-                for i in done:  # a driver failure part way: put back what was changed (best effort)
-                    try:
-                        exe.update_node(i, nodes[i].op, values)
-                    except Exception:
-                        continue  # the first error is the one to report
-                raise
-            for i, op in changes.items():
-                nodes[i].op = op  # the user's handles show what the node runs now
-            repin(self._pin, all_borrows(nodes))
+            kind = update_executable(exe, structure.flat, changes, values, values, changes)
+            commit(structure.flat, changes)
+            repin(self._pin, all_borrows(self._nodes))
             if changes:
-                self.last_update = "nodes"
+                self.last_update = kind
 
     def _rerecord(self, nodes: tuple[RecordedNode, ...], stream: Stream, pin: Pin, order: str) -> None:
         """A clean exit of ``CudaGraph.scope(stream, into=self)``: take the new recording, by a
@@ -264,8 +257,7 @@ class CudaGraph:
             self._nodes = nodes
             self.order = order
             self._params = None
-            self._ancestors = None
-            self._direct = None
+            self._structure = None
             graph_pin = self._pin
             repin(graph_pin, all_borrows(nodes))
             graph_pin.pending |= pin.pending

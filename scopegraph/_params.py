@@ -11,7 +11,9 @@ between replays without being rebuilt.
   checks every value first (an unknown name, a value the dtype cannot hold exactly, or a size that
   would make a launch reach past a tensor is a SignatureError, and nothing is changed or
   launched), then updates only the nodes whose parameters changed, through the executable graph's
-  node update. A value equal to the current one costs nothing. Values stay until changed again.
+  node update, in loop and branch bodies too (on CUDA, should the driver refuse node updates
+  inside conditional bodies, those become whole-graph updates: ``graph.last_update`` says
+  "whole"). A value equal to the current one costs nothing. Values stay until changed again.
 - Parameters are named per graph: one name, one parameter. Two Params with the same name in one
   scope must agree on dtype and default (else a SignatureError at ``record``).
 
@@ -31,7 +33,6 @@ from ._dtypes import DType, DTypeLike, as_dtype
 from ._errors import SignatureError, diagnostic
 
 if TYPE_CHECKING:
-    from ._backends._base import Executable
     from ._kernel import KernelLaunch
     from ._scope import RecordedNode
 
@@ -103,22 +104,23 @@ def note_params(seen: dict[str, Param[Any]], op: KernelLaunch) -> None:
 
 
 class ParamTable:
-    """A graph's parameters: their dtypes, current values and the nodes that use each one."""
+    """A graph's parameters: their dtypes, current values and the nodes that use each one, by slot
+    (loop and branch bodies included: see ``scopegraph._control.levels``)."""
 
-    __slots__ = ("params", "users", "values")
+    __slots__ = ("flat", "params", "users", "values")
 
-    def __init__(self, nodes: Sequence[RecordedNode]) -> None:
+    def __init__(self, flat: Sequence[RecordedNode]) -> None:
+        self.flat = flat
         self.params: dict[str, Param[Any]] = {}
         self.users: dict[str, list[int]] = {}
-        # Kernel launches have parameters; loop and branch bodies refuse them (scopegraph._control).
-        for node in nodes:
+        for slot, node in enumerate(flat):  # kernel launches have parameters
             params: tuple[tuple[int, Param[Any]], ...] = getattr(node.op, "params", ())
             if params:
                 for _, param in params:
                     self.params.setdefault(param.name, param)
                     users = self.users.setdefault(param.name, [])
-                    if not users or users[-1] != node.index:
-                        users.append(node.index)
+                    if not users or users[-1] != slot:
+                        users.append(slot)
         self.values: dict[str, np.generic] = {name: p.default for name, p in self.params.items()}
 
     def check(self, graph_id: int, given: Mapping[str, object]) -> dict[str, np.generic]:
@@ -142,35 +144,24 @@ class ParamTable:
         return changed
 
     def affected(self, changed: Mapping[str, np.generic]) -> list[int]:
-        """The nodes that use a changed parameter, in record order."""
+        """The slots of the nodes that use a changed parameter, in order."""
         if len(changed) == 1:
             (name,) = changed
             return self.users[name]
         return sorted({i for name in changed for i in self.users[name]})
 
-    def apply(self, graph_id: int, nodes: Sequence[RecordedNode], exe: Executable, given: Mapping[str, object]) -> bool:
-        """Check ``given``, then update the executable's nodes that use a changed parameter.
-        Returns whether any node was updated."""
+    def plan(self, graph_id: int, given: Mapping[str, object]) -> tuple[dict[str, np.generic], list[int]] | None:
+        """Check ``given`` (every value, and the sizes of every node that would change, before
+        anything is updated): the parameter values after the change and the slots of the nodes to
+        update, or None when no value changes. The caller updates them, then sets ``values``."""
         changed = self.check(graph_id, given)
         if not changed:
-            return False
+            return None
         values = self.values | changed
-        indices = self.affected(changed)
-        for i in indices:  # sizes checked for every node before any is updated
-            op: KernelLaunch = nodes[i].op  # type: ignore[assignment]
+        slots = self.affected(changed)
+        flat = self.flat
+        for i in slots:
+            op: KernelLaunch = flat[i].op  # type: ignore[assignment]
             if op.kernel.touches is not None:
                 op.check_touches(op.resolved(values))
-        done: list[int] = []
-        try:
-            for i in indices:
-                exe.update_node(i, nodes[i].op, values)
-                done.append(i)
-        except BaseException:
-            for i in done:  # a driver failure part way: put back what was changed (best effort)
-                try:
-                    exe.update_node(i, nodes[i].op, self.values)
-                except Exception:
-                    continue  # the first error is the one to report
-            raise
-        self.values = values
-        return True
+        return values, slots

@@ -265,19 +265,10 @@ class Scope:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stream.recording = None
-        inner = self._inner
-        if inner is not None:  # a region or block entered without `with` (an ExitStack) and never ended
-            unclosed = ScopeStateError(
-                diagnostic(
-                    f"the scope ended while the {inner.description} opened at {inner.location} was still open",
-                    ["what it holds is not in the graph"],
-                    help="end its `with` block inside the scope's `with` block",
-                )
-            )
-            inner.__exit__(ScopeStateError, unclosed, None)  # aborts its capture, takes back its pins
-            if exc_type is None:
-                self._abandon()
-                raise unclosed
+        unclosed = end_inner(self, "scope", exc_type)
+        if unclosed is not None:
+            self._abandon()
+            raise unclosed
         if exc_type is not None:
             self._abandon()
             return
@@ -304,6 +295,24 @@ class Scope:
         self._nodes = []
         self._tracker = None
         self._state = _State.FAILED
+
+
+def end_inner(owner: Scope | Body, described: str, exc_type: type[BaseException] | None) -> ScopeStateError | None:
+    """End a region or block left open in ``owner`` (entered without ``with``, e.g. through an
+    ExitStack, and never exited) as failed: its capture is aborted and its pins taken back. The
+    error to raise when ``owner`` itself ends cleanly, None when nothing was left open."""
+    inner = owner._inner
+    if inner is None:
+        return None
+    unclosed = ScopeStateError(
+        diagnostic(
+            f"the {described} ended while the {inner.description} opened at {inner.location} was still open",
+            ["what it holds is not in the graph"],
+            help="end its `with` block inside the enclosing `with` block",
+        )
+    )
+    inner.__exit__(ScopeStateError, unclosed, None)
+    return unclosed if exc_type is None else None
 
 
 def checked_order(order: object) -> type[DataflowTracker] | type[ProgramOrderTracker]:

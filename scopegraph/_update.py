@@ -2,21 +2,30 @@
 that keep the ownership rules true when a graph changes without being rebuilt.
 
 ``graph.rebind({old: new})`` moves every node argument that lies in ``old``'s bytes to the same
-bytes of ``new`` (so views of ``old`` become the same views of ``new``). It is planned in full
-before anything changes:
+bytes of ``new`` (so views of ``old`` become the same views of ``new``), in loop and branch bodies
+too (a loop's or branch's own flag as well). It is planned in full before anything changes:
 
 1. ``old`` and ``new`` are live tensors of one dtype, shape and device, the keys do not overlap,
    and the graph uses every key (else SignatureError, or LifetimeError for a freed tensor); an
    argument that straddles ``old``'s edge cannot move and is a SignatureError too.
 2. Each node that uses ``old`` is built again with the new tensors, so the in-op rules run again:
    a node whose new arguments alias each other, or that would write frozen memory, is a
-   BorrowError; declared sizes (``touches=``) are checked again.
-3. Between nodes, the graph's edges were made for the old addresses. Two nodes that now touch
-   the same bytes, one of them writing, must already be ordered by the DAG (one an ancestor of
-   the other), else the rebind created aliasing the graph cannot see: a BorrowError.
+   BorrowError; declared sizes (``touches=``) are checked again. A loop or branch whose bodies
+   change borrows, as a whole, what its bodies then borrow.
+3. Between nodes, the graph's edges were made for the old addresses. Two nodes of one level (the
+   graph's own nodes, or one body's) that now touch the same bytes, one of them writing, must
+   already be ordered by that level's DAG (one an ancestor of the other), else the rebind created
+   aliasing the graph cannot see: a BorrowError. A body node against the rest of the graph is
+   checked as its loop or branch, one node of the level around it. In a loop's body, a node that
+   now writes the loop's flag must come before the end-of-iteration condition kernel, which waits
+   only for the flag's writers of the recording.
 
 Only then are the executable's nodes updated (node updates on CUDA, new bindings on the host), the
 records changed and the pin moved (:func:`repin`). A refusal leaves the graph exactly as it was.
+
+Nodes are addressed by *slot* (``scopegraph._control.levels``): the graph's own nodes first, then
+the bodies' nodes. Graph parameters (``scopegraph._params``) update nodes the same way
+(:func:`update_executable`).
 
 Recording again into a graph (``CudaGraph.scope(stream, into=graph)``) compares the new
 recording's :func:`topology` with the graph's: the same node kinds and edges is a whole-graph
@@ -28,23 +37,59 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ._borrow import Borrow
+from ._control import ControlNode, Level, levels
 from ._errors import BorrowError, SignatureError, diagnostic
 from ._kernel import KernelLaunch
 from ._ops import GraphNode, Join, Memcpy, Memset
+from ._pdl import check_programmatic, executable_deps
 from ._tensor import Mut, Tensor
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from ._allocation import Allocation
-    from ._borrow import Borrow
+    from ._backends._base import Executable
+    from ._control import Body
     from ._lifetime import Pin
     from ._scope import RecordedNode
+
+
+class Structure:
+    """A recording's nodes, bodies included, by slot (``flat``) and by level, with each level's
+    ancestor sets and executable edges, made when a rebind first needs them."""
+
+    def __init__(self, nodes: Sequence[RecordedNode]) -> None:
+        self.flat, self.levels = levels(nodes)
+        # The slot of the loop or branch each body belongs to.
+        self.owner: dict[Body, int] = {}
+        for slot, node in enumerate(self.flat):
+            if isinstance(node.op, ControlNode):
+                for body in node.op.bodies:
+                    self.owner[body] = slot
+        self._ancestors: dict[int, list[int]] = {}
+        self._direct: dict[int, list[frozenset[int]]] = {}
+
+    def ancestors(self, level: Level) -> list[int]:
+        found = self._ancestors.get(level.start)
+        if found is None:
+            found = self._ancestors[level.start] = ancestors(level.nodes)
+        return found
+
+    def direct(self, level: Level) -> list[frozenset[int]]:
+        """The level's edges as the backends build them (scopegraph._pdl.executable_deps)."""
+        found = self._direct.get(level.start)
+        if found is None:
+            found = self._direct[level.start] = executable_deps(level.nodes)
+        return found
 
 
 # -- rebind ------------------------------------------------------------------------------
 
 
-def plan_rebind(graph_id: int, nodes: Sequence[RecordedNode], mapping: Mapping[Tensor, Tensor]) -> dict[int, GraphNode]:
-    """The new op of every node that uses a rebound tensor (steps 1 and 2 of the module docstring)."""
+def plan_rebind(graph_id: int, structure: Structure, mapping: Mapping[Tensor, Tensor]) -> dict[int, GraphNode]:
+    """The new op of every node, by slot, that uses a rebound tensor, and of every loop or branch
+    whose bodies do (steps 1 and 2 of the module docstring)."""
     if not isinstance(mapping, Mapping):
         raise SignatureError(
             f"graph.rebind() takes a mapping {{old: new}}, not {type(mapping).__name__}\n"
@@ -66,25 +111,28 @@ def plan_rebind(graph_id: int, nodes: Sequence[RecordedNode], mapping: Mapping[T
                 )
     used = [False] * len(moves)
     changes: dict[int, GraphNode] = {}
-    for node in nodes:
-        moved: dict[int, Tensor] = {}
-        for k, b in enumerate(node.op.borrows):
-            for m, (old, new, start, end) in enumerate(moves):
-                if b.tensor is old or (b.start < end and start < b.end and b.alloc.device is old.device):
-                    if not (start <= b.start and b.end <= end):
-                        raise SignatureError(
-                            diagnostic(
-                                f"cannot rebind `{old.name}`: node {node.index} (`{node.op.name}`) "
-                                f"uses `{b.tensor.name}`, "
-                                "which extends beyond it",
-                                [b.describe()],
-                                help=f"rebind the tensor `{b.tensor.name}` is a view of, as a whole",
+    for level in structure.levels:
+        for node in level.nodes:
+            op = node.op
+            # A loop or branch moves its own tensors (its flag); its bodies' nodes move theirs.
+            borrows = op.own if isinstance(op, ControlNode) else op.borrows
+            moved: dict[int, Tensor] = {}
+            for k, b in enumerate(borrows):
+                for m, (old, new, start, end) in enumerate(moves):
+                    if b.tensor is old or (b.start < end and start < b.end and b.alloc.device is old.device):
+                        if not (start <= b.start and b.end <= end):
+                            raise SignatureError(
+                                diagnostic(
+                                    f"cannot rebind `{old.name}`: {level.name(node.index)} (`{op.name}`) "
+                                    f"uses `{b.tensor.name}`, which extends beyond it",
+                                    [b.describe()],
+                                    help=f"rebind the tensor `{b.tensor.name}` is a view of, as a whole",
+                                )
                             )
-                        )
-                    moved[k] = _moved(b.tensor, old, new, b.start - start)
-                    used[m] = True
-        if moved:
-            changes[node.index] = _rebuilt(graph_id, node, moved)
+                        moved[k] = _moved(b.tensor, old, new, b.start - start)
+                        used[m] = True
+            if moved:
+                changes[level.start + node.index] = _rebuilt(graph_id, level.name(node.index), op, borrows, moved)
     for (old, _, _, _), was_used in zip(moves, used, strict=True):
         if not was_used:
             raise SignatureError(
@@ -93,6 +141,17 @@ def plan_rebind(graph_id: int, nodes: Sequence[RecordedNode], mapping: Mapping[T
                     help="rebind a tensor the graph's nodes use (see graph.nodes)",
                 )
             )
+    # Each loop or branch whose bodies change borrows what they will: deepest levels first, so a
+    # nested loop's new borrows are known before the loop around it gathers them.
+    flat = structure.flat
+    for level in reversed(structure.levels):
+        end = level.start + len(level.nodes)
+        if level.body is None or not any(level.start <= slot < end for slot in changes):
+            continue
+        owner = structure.owner[level.body]
+        control = changes.get(owner, flat[owner].op)
+        assert isinstance(control, ControlNode)
+        changes[owner] = control.replaced(control.flag, {flat[slot]: op for slot, op in changes.items()})
     return changes
 
 
@@ -127,11 +186,9 @@ def _moved(arg: Tensor, old: Tensor, new: Tensor, delta: int) -> Tensor:
     return Tensor(new.allocation, new.offset + delta, arg.shape, arg.dtype, name, new)
 
 
-def _rebuilt(graph_id: int, node: RecordedNode, moved: dict[int, Tensor]) -> GraphNode:
-    """The node's op built again with some tensors replaced (borrow index -> tensor): the op's own
-    checks (aliasing, frozen, sizes) run again."""
-    op = node.op
-    borrows = op.borrows
+def _rebuilt(graph_id: int, name: str, op: GraphNode, borrows: list[Borrow], moved: dict[int, Tensor]) -> GraphNode:
+    """``op`` (named ``name``) built again with some of its ``borrows`` moved (index -> new tensor):
+    the op's own checks (aliasing, frozen, sizes) run again."""
 
     def arg(k: int) -> Tensor:
         return moved.get(k, borrows[k].tensor)
@@ -151,21 +208,94 @@ def _rebuilt(graph_id: int, node: RecordedNode, moved: dict[int, Tensor]) -> Gra
         return Memcpy(Mut(arg(0)), arg(1))
     if isinstance(op, Memset):
         return Memset(Mut(arg(0)), op.value.item())
+    old = ", ".join(f"`{borrows[k].tensor.name}`" for k in moved)
+    if isinstance(op, ControlNode):
+        if 0 not in moved:  # the flag stays: what moves is a bounded loop's own iteration counter
+            raise SignatureError(
+                diagnostic(
+                    f"graph #{graph_id} cannot rebind {old}: it is the iteration counter of the loop "
+                    f"({name}), which scopegraph made for max_iterations=",
+                    help="rebind the tensors the loop's flag and body use; the counter stays the loop's",
+                )
+            )
+        return op.replaced(moved[0], {})
     raise SignatureError(
         diagnostic(
-            f"graph #{graph_id} cannot rebind node {node.index} (`{op.name}`): "
+            f"graph #{graph_id} cannot rebind {name} (`{op.name}`): "
             f"a {type(op).__name__} node cannot be updated in place",
-            [f"it uses {', '.join(f'`{t.name}`' for t in moved.values())}"],
+            [f"it uses {old}"],
             help="record the graph again with the new tensors: CudaGraph.scope(stream, into=graph)",
         )
     )
 
 
-def check_order(
-    graph_id: int, nodes: Sequence[RecordedNode], changes: Mapping[int, GraphNode], ancestors: Sequence[int]
+def check_rebind(graph_id: int, structure: Structure, changes: Mapping[int, GraphNode]) -> None:
+    """Step 3 of the module docstring, level by level: the order of the nodes that now share
+    memory, programmatic edges (scopegraph._pdl), and a loop's flag."""
+    flat = structure.flat
+    for level in structure.levels:
+        end = level.start + len(level.nodes)
+        local = {slot - level.start: op for slot, op in changes.items() if level.start <= slot < end}
+        if not local:
+            continue
+        found = structure.ancestors(level)
+        check_order(graph_id, level.nodes, local, found, level.where)
+        try:
+            check_programmatic(graph_id, level.nodes, local, found, structure.direct(level))
+        except SignatureError as exc:
+            if level.where:
+                exc.add_note(f"the nodes are in {level.where}")
+            raise
+        if level.body is not None and level.body.kind == "loop body":
+            owner = structure.owner[level.body]
+            loop, was = changes.get(owner, flat[owner].op), flat[owner].op
+            assert isinstance(loop, ControlNode) and isinstance(was, ControlNode)
+            _check_flag_writers(graph_id, level, local, found, loop.flag, loop.flag is not was.flag)
+
+
+def _check_flag_writers(
+    graph_id: int,
+    level: Level,
+    changes: Mapping[int, GraphNode],
+    ancestors: Sequence[int],
+    flag: Tensor,
+    moved: bool,
 ) -> None:
-    """Step 3: every pair of nodes that conflicts after the rebind (same bytes, one writes) is
-    already ordered by the DAG. ``ancestors[i]`` is the bit set of node i's ancestors."""
+    """In a loop's body, whatever writes the loop's flag must be ordered before the condition
+    kernel at the end of each iteration: one of the flag's last writers of the recording
+    (``condition_deps``) or an ancestor of one. Checked for the changed nodes, and for every node
+    when the flag itself moved."""
+    assert level.body is not None
+    last = level.body.condition_deps
+    read = Borrow(flag, False, "flag")
+    candidates = range(len(level.nodes)) if moved else sorted(changes)
+    for i in candidates:
+        op = changes.get(i, level.nodes[i].op)
+        if i in last or any((ancestors[d] >> i) & 1 for d in last):
+            continue
+        for b in op.borrows:
+            if b.mutable and b.overlaps(read):
+                raise BorrowError(
+                    diagnostic(
+                        f"rebinding would make {level.name(i)} (`{op.name}`) of graph #{graph_id} write the "
+                        f"loop's flag `{flag.name}`, unordered with the check of the flag that ends each iteration",
+                        [b.describe(), "the loop's edges were made for the old tensors"],
+                        help="rebind to memory the loop does not use as its flag, or record the graph again "
+                        "(CudaGraph.scope(stream, into=graph))",
+                    )
+                )
+
+
+def check_order(
+    graph_id: int,
+    nodes: Sequence[RecordedNode],
+    changes: Mapping[int, GraphNode],
+    ancestors: Sequence[int],
+    where: str = "",
+) -> None:
+    """Step 3 in one level (``nodes``; ``where``: which body, "" for the graph's own nodes): every
+    pair of nodes that conflicts after the rebind (same bytes, one writes) is already ordered by
+    the level's DAG. ``ancestors[i]`` is the bit set of node i's ancestors."""
 
     def borrows_of(i: int) -> list[Borrow]:
         op = changes.get(i)
@@ -189,8 +319,9 @@ def check_order(
                         a, b = (mb, nb) if j < i else (nb, mb)
                         raise BorrowError(
                             diagnostic(
-                                f"rebinding would make nodes {first} and {then} of graph #{graph_id} share memory "
-                                "that the graph does not order",
+                                f"rebinding would make nodes {first} and {then} of "
+                                + (f"{where} of " if where else "")
+                                + f"graph #{graph_id} share memory that the graph does not order",
                                 [
                                     f"node {first} (`{nodes[first].op.name}`): {a.describe()}",
                                     f"node {then} (`{nodes[then].op.name}`): {b.describe()}",
@@ -212,6 +343,48 @@ def ancestors(nodes: Sequence[RecordedNode]) -> list[int]:
             bits |= sets[d] | (1 << d)
         sets.append(bits)
     return sets
+
+
+# -- updating the executable -------------------------------------------------------------
+
+
+def update_executable(
+    exe: Executable,
+    flat: Sequence[RecordedNode],
+    slots: Iterable[int],
+    values: Mapping[str, np.generic],
+    before: Mapping[str, np.generic],
+    ops: Mapping[int, GraphNode] | None = None,
+) -> str:
+    """Make the executable's node of each slot in ``slots`` run its new op (``ops[slot]``; without
+    ``ops``, the op it records, with new parameter ``values``): all or nothing (on a failure part
+    way, what was changed is put back, best effort, with the ops of ``flat`` and the ``before``
+    values). Returns what the update was: "nodes", or "whole" when the backend made whole-graph
+    updates instead (the CUDA backend does for nodes in loop and branch bodies if the driver refuses
+    node updates there)."""
+    wholes = exe.whole_updates
+    done: list[int] = []
+    try:
+        for slot in slots:
+            exe.update_node(slot, flat[slot].op if ops is None else ops[slot], values)
+            done.append(slot)
+    except BaseException:
+        for slot in done:
+            try:
+                exe.update_node(slot, flat[slot].op, before)
+            except Exception:
+                continue  # the first error is the one to report
+        raise
+    return "whole" if exe.whole_updates != wholes else "nodes"
+
+
+def commit(flat: Sequence[RecordedNode], changes: Mapping[int, GraphNode]) -> None:
+    """The records take the ops the executable now runs: the user's handles show them."""
+    for slot, op in changes.items():
+        flat[slot].op = op
+        if isinstance(op, ControlNode):
+            for body in op.bodies:
+                body.flag = op.flag
 
 
 # -- pins --------------------------------------------------------------------------------

@@ -160,7 +160,7 @@ def test_refusals_around_the_region(sg_stream: sg.Stream) -> None:
             with pytest.raises(sg.ScopeStateError, match=r"while the captured region opened at .* is open"):
                 s.record(library.fill_op(x.mut(), 1.0))
             with pytest.raises(sg.ScopeStateError, match="while the captured region"):
-                s.capture(writes=[x.mut()], host=host).__enter__()
+                s.capture(reads=[y], writes=[x.mut()], host=host).__enter__()
             if region.capturing:
                 foreign_scale(region, y, x, 1.0)
         with pytest.raises(sg.ScopeStateError, match="already used"):
@@ -169,10 +169,11 @@ def test_refusals_around_the_region(sg_stream: sg.Stream) -> None:
     with pytest.raises(sg.NotAGraphNodeError, match="cannot run `capture:copy` eagerly"):
         sg_stream.run(op)
     with pytest.raises(sg.ScopeStateError, match="finished"):
-        s.capture(writes=[x.mut()], host=host).__enter__()
+        s.capture(reads=[y], writes=[x.mut()], host=host).__enter__()
     graph = s.graph
-    with pytest.raises(sg.SignatureError, match=r"cannot rebind node 0 .*capture:copy"):
+    with pytest.raises(sg.SignatureError, match=r"cannot rebind node 0 .*capture:copy") as info:
         graph.rebind({x: dev.zeros((64,), name="x2")})
+    assert "it uses `x`" in str(info.value)  # the tensor the node uses now, not the one offered
     graph.close()
     assert_stream_usable(sg_stream)
 

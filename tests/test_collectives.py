@@ -132,7 +132,7 @@ def test_the_demo_refuses_a_wrong_process_count() -> None:
         env=child_env(SCOPEGRAPH_BOOTSTRAP="single"),
     )
     assert done.returncode == 2
-    assert "--gpus 2 needs 2 processes" in done.stderr and "torchrun --nproc-per-node 2" in done.stderr
+    assert "2 needs 2 processes" in done.stderr and "torchrun --nproc-per-node 2" in done.stderr
 
 
 # -- in one process: a world of one, and the checks made when ops are built --------------------
@@ -242,13 +242,35 @@ def test_aliasing_in_a_collective_is_a_borrow_error() -> None:
         comm.all_reduce(x[0:4].mut(), src=x[2:6])
 
 
-def test_a_collective_in_a_loop_body_is_refused() -> None:
+def test_a_collective_in_a_loop_body_runs_every_iteration() -> None:
+    """A collective is a child graph, which loop and branch bodies hold (DESIGN.md sections 8 and
+    10): the host backend runs it in every iteration. Two ranks: tests/test_bodies.py."""
     comm = one_rank()
     dev = comm.device
     flag, x = dev.zeros((1,), sg.i32, name="flag"), dev.zeros((4,), name="x")
-    with CudaGraph.scope(dev.stream()) as s, s.while_(flag) as body:  # noqa: SIM117
-        with pytest.raises(sg.NotAGraphNodeError, match="cannot record `all_reduce`"):
-            body.record(comm.all_reduce(x.mut()))
+    g = dev.zeros((4,), name="g")
+    calls: list[int] = []
+    original = comm.agree
+
+    def agree(what: str, program: list[str], data: bytes = b"") -> list[bytes]:
+        calls.append(len(program))
+        return original(what, program, data)
+
+    comm.agree = agree  # type: ignore[method-assign]
+    with CudaGraph.scope(dev.stream()) as s:
+        s.record(sg.memset(flag.mut(), 3))
+        with s.while_(flag) as body:
+            body.record(library.add_scalar_op(x.mut(), 1.0))
+            body.record(comm.all_gather(g.mut(), x))
+            body.record(library.count_down_op(flag.mut()))
+    loop = s.graph.nodes[1].op
+    assert isinstance(loop, sg.While)
+    assert loop.body.nodes[1].op.label() == f"all_gather(mut g, x) on comm{comm.id}"
+    calls.clear()
+    s.graph.launch()
+    assert calls == [1, 1, 1]  # one exchange an iteration
+    np.testing.assert_array_equal(g.numpy(), np.full(4, 3.0))
+    s.graph.close()
 
 
 @pytest.mark.parametrize(

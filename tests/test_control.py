@@ -808,21 +808,19 @@ def test_a_decode_loop_of_zero_tokens_runs_no_layer(sg_device: sg.Device) -> Non
     assert buf.position.numpy()[0] == 0
 
 
-def test_a_graph_parameter_in_a_body_is_refused(sg_device: sg.Device, sg_stream: sg.Stream) -> None:
-    param_type = getattr(sg, "Param", None)
-    if param_type is None:
-        pytest.skip("sg.Param (issue 9) is not in this tree")
+def test_two_parameters_of_one_name_are_refused_in_a_body_too(sg_device: sg.Device, sg_stream: sg.Stream) -> None:
+    """Bodies take sg.Params (graph.launch(name=value) updates their nodes: tests/test_bodies.py);
+    one name is one parameter across the scope and its bodies."""
     flag, x = sg_device.zeros((1,), sg.i32, name="flag"), sg_device.zeros((4,), name="x")
-    step = param_type("step", sg.f32, 1.0)
     with (
-        pytest.raises(
-            sg.SignatureError, match=r"cannot record `add_scalar` with sg.Param arguments in a loop body"
-        ) as info,
+        pytest.raises(sg.SignatureError, match=r"two different parameters are named `step` in one scope") as info,
         CudaGraph.scope(sg_stream) as s,
-        s.while_(flag) as body,
     ):
-        body.record(library.add_scalar[1, 4](x.mut(), step, 4))
-    assert raised_at_this_line(info, "body.record(library.add_scalar[1, 4](x.mut(), step, 4))")
+        s.record(library.add_scalar[1, 4](x.mut(), sg.Param("step", sg.f32, 1.0), 4))
+        with s.while_(flag) as body:
+            body.record(library.add_scalar[1, 4](x.mut(), sg.Param("step", sg.f32, 2.0), 4))
+    assert raised_at_this_line(info, 'body.record(library.add_scalar[1, 4](x.mut(), sg.Param("step", sg.f32, 2.0)')
+    assert "help: use one sg.Param object" in str(info.value)
     assert_stream_usable(sg_stream)
 
 

@@ -269,14 +269,22 @@ def test_params_of_a_closed_graph(sg_device: sg.Device, sg_stream: sg.Stream) ->
         graph.launch(v=2.0)
 
 
-def test_a_param_inside_a_device_loop_is_refused(sg_device: sg.Device, sg_stream: sg.Stream) -> None:
-    """Node updates reach the graph's own nodes, not a loop body's: such a Param is refused when recorded."""
-    if not hasattr(sg.Scope, "while_"):
-        pytest.skip("device-side loops are not in this build")
+def test_a_param_inside_a_device_loop_takes_its_launch_value(sg_device: sg.Device, sg_stream: sg.Stream) -> None:
+    """A loop body's node uses the parameter's current value in every iteration (more in tests/test_bodies.py)."""
     out = sg_device.zeros((8,), name="out")
     flag = sg_device.zeros((1,), sg.i32, name="flag")
-    with pytest.raises(sg.SignatureError, match=r"sg\.Param"), CudaGraph.scope(sg_stream) as s:
+    inner = sg.Param("inner", sg.f32, 1.0)
+    with CudaGraph.scope(sg_stream) as s:
         s.record(sg.memset(flag.mut(), 2))
         with s.while_(flag) as body:
-            body.record(library.add_scalar[1, 32](out.mut(), sg.Param("inner", sg.f32, 1.0), 8))
+            body.record(library.add_scalar[1, 32](out.mut(), inner, 8))
+            body.record(library.count_down_op(flag.mut()))
+    with s.graph as graph:
+        assert graph.params == {"inner": np.float32(1.0)}
+        calls = spy(graph)
+        graph.launch(inner=3.0)
+        graph.launch(inner=3.0)  # unchanged: nothing updated
+        graph.sync()
+        assert calls == [2] and graph.last_update in ("nodes", "whole")  # slot 2: the body's first node
+        np.testing.assert_array_equal(out.numpy(), np.full(8, 12.0))
     assert_stream_usable(sg_stream)

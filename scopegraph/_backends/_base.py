@@ -18,6 +18,10 @@ if TYPE_CHECKING:
 class Executable(Protocol):
     """A backend's instantiated graph."""
 
+    # How many of its node updates were made as whole-graph updates (a driver that refuses node
+    # updates inside loop and branch bodies); tells graph.last_update which kind happened.
+    whole_updates: int
+
     def launch(self, stream: Stream) -> None: ...
 
     def close(self) -> None: ...

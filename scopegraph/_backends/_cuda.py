@@ -46,9 +46,9 @@ from cuda.core import Stream as CoreStream
 from cuda.core.graph import GraphDefinition
 from cuda.core.utils import StridedMemoryView
 
-from .._capture import Captured
+from .._capture import Captured, check_body_graph
 from .._compile import compile_kernel
-from .._control import ControlNode, If, While, sg_condition
+from .._control import ControlNode, If, While, levels, sg_condition
 from .._errors import CudaError, LaunchResourceError, ScopeGraphError, diagnostic
 from .._kernel import MAX_DYNAMIC_SHARED_BYTES, Kernel, KernelLaunch
 from .._lifetime import note_eager_use
@@ -108,17 +108,42 @@ def cuda_error(operation: str, exc: Exception, last_work: str = "") -> CudaError
     return error
 
 
+class _Built:
+    """What building a definition made, beyond its nodes in record order: each recorded node's
+    definition node (bodies included), each loop's or branch's condition kernels, the bounded loops."""
+
+    def __init__(self) -> None:
+        self.core: dict[RecordedNode, CoreNode] = {}
+        # A loop's or branch's kernels that set its condition: (node before it, node at the end of
+        # each loop iteration or None, their arguments but the flag's address: handle, counter, limit).
+        self.conditions: dict[RecordedNode, tuple[Any, Any, tuple[Any, int, np.int32]]] = {}
+        self.bounded: list[While] = []
+
+
 class _CudaExecutable:
     """An instantiated CUDA graph, with the definition nodes that name its kernels for updates."""
 
-    def __init__(self, backend: CudaBackend, graph: Graph, definition: GraphDefinition, nodes: list[CoreNode]) -> None:
+    def __init__(
+        self, backend: CudaBackend, graph: Graph, definition: GraphDefinition, nodes: list[CoreNode], top: int
+    ) -> None:
         self.backend = backend
         self.graph = graph
         self.definition = definition
-        # The definition nodes the graph was instantiated from, in record order: they name its
-        # nodes for node updates, also after a whole-graph update (the driver pairs nodes in order).
+        # The definition nodes the graph was instantiated from, by slot (record order, then the
+        # bodies' nodes: scopegraph._control.levels): they name its nodes for node updates, also
+        # after a whole-graph update (the driver pairs nodes in order).
         self.nodes = nodes
-        self._views: dict[int, Any] = {}  # node index -> cuda.core executable-node view, made on first update
+        self.top = top  # the graph's own nodes; the slots from `top` on are in loop and branch bodies
+        self._views: dict[Any, Any] = {}  # definition node -> cuda.core executable-node view, made on first update
+        # Loops and branches by slot: their condition kernels (see _Built.conditions).
+        self.conditions: dict[int, tuple[Any, Any, tuple[Any, int, np.int32]]] = {}
+        # With loops or branches: the updates made to the executable's nodes since the definition was
+        # last brought up to date, by definition node (see _set).
+        self._unsynced: dict[Any, dict[str, Any]] | None = None
+        # Whether the driver takes node updates of nodes inside conditional bodies; once it refuses
+        # one, those updates are whole-graph updates (see _set), counted in whole_updates.
+        self.body_node_updates = True
+        self.whole_updates = 0
 
     def launch(self, stream: Stream) -> None:
         backend = self.backend
@@ -136,51 +161,78 @@ class _CudaExecutable:
     # -- changes (scopegraph._params and _rebind) --------------------------------------------
 
     def update_node(self, index: int, op: GraphNode, values: Mapping[str, np.generic]) -> None:
-        """Node update: node ``index`` runs ``op`` (the same kind of node, e.g. with new parameter
-        values or new tensors) in the replays launched from now on; those already launched are
-        unaffected. A kernel node takes its whole argument list again."""
+        """Node update: the node of slot ``index`` (in a body too: scopegraph._control.levels)
+        runs ``op`` (the same kind of node, e.g. with new parameter values or new tensors) in the
+        replays launched from now on; those already launched are unaffected. A kernel node takes
+        its whole argument list again; a loop or branch, its condition kernels with its (new) flag."""
         backend = self.backend
         try:
-            if type(op) is not KernelLaunch and not (isinstance(op, Memcpy | Memset) and op.dst.nbytes):
-                return  # an empty node (a join, or a 0-byte copy or fill): nothing to change
-            view = self._views.get(index)
-            if view is None:
-                backend.keep_current()
-                view = self._views[index] = self.graph[self.nodes[index]]
-            if type(op) is KernelLaunch:
-                fn, config, args = op.native or backend.bound(op)
-                if op.params:
-                    resolved = list(args)
-                    for i, p in op.params:
-                        resolved[i] = values.get(p.name, p.default)
-                    args = tuple(resolved)
-                view.update(config=config, kernel=fn, args=args)
-            elif isinstance(op, Memcpy | Memset):
-                dst = op.dst.allocation.address + op.dst.offset
-                if isinstance(op, Memcpy):
-                    view.update(dst=dst, src=op.src.allocation.address + op.src.offset, size=op.dst.nbytes)
-                else:
-                    view.update(dst=dst, value=_fill_value(op.pattern), width=op.dst.nbytes // len(op.pattern))
+            if isinstance(op, ControlNode):
+                setter, again, (handle, counter, limit) = self.conditions[index]
+                fn, config = backend._condition_kernel()
+                flag = op.flag.allocation.address + op.flag.offset
+                for node, first, at in ((setter, _FIRST, index), (again, _AGAIN, -1)):  # `again`: in a loop's body
+                    if node is not None:
+                        self._set(
+                            node, {"config": config, "kernel": fn, "args": (handle, flag, counter, limit, first)}, at
+                        )
+                return
+            params = _node_params(backend, op, values)
+            if params is not None:  # an empty node (a join, or a 0-byte copy or fill) has nothing to change
+                self._set(self.nodes[index], params, index)
         except CudaError:
             raise
         except Exception as exc:
             what = f"updating node {index} (`{op.name}`) of an executable graph"
             raise cuda_error(what, exc, describe_work(backend.last_work)) from exc
 
+    def _set(self, node: Any, params: dict[str, Any], index: int) -> None:
+        """Give the executable's ``node`` (of slot ``index``; -1 for a condition kernel in a loop's
+        body) these parameters: a node update, or, for a node in a conditional body where the driver
+        refuses those, a whole-graph update from the definition with the same change (the
+        definition's own nodes take every update made since it was last brought up to date, so the
+        whole-graph update changes nothing else)."""
+        unsynced = self._unsynced
+        in_body = index < 0 or index >= self.top
+        if not in_body or self.body_node_updates:
+            try:
+                view = self._views.get(node)
+                if view is None:
+                    self.backend.keep_current()
+                    view = self._views[node] = self.graph[node]
+                view.update(**params)
+            except Exception:
+                if not in_body:
+                    raise
+                self.body_node_updates = False  # the driver refuses node updates in bodies: see below
+            else:
+                if unsynced is not None:
+                    unsynced[node] = params
+                return
+        assert unsynced is not None  # a graph with bodies
+        unsynced[node] = params
+        for changed, p in unsynced.items():
+            changed.update(**p)
+        self.graph.update(self.definition)  # cuGraphExecUpdate: the same definition, its handles included
+        unsynced.clear()
+        self.whole_updates += 1
+
     def update_whole(self, nodes: Sequence[RecordedNode]) -> bool:
         """Whole-graph update from a new recording of the same topology (the caller compared it):
-        False when the driver refuses it, and the caller instantiates the recording instead."""
+        False when the driver refuses it, and the caller instantiates the recording instead.
+        Recordings with loops or branches are always instantiated again (scopegraph._update.topology),
+        so the definition this graph keeps for updates in bodies is never left behind by this one."""
         backend = self.backend
         backend.make_current()
         with backend.driver_call("building the graph definition"):
             definition = GraphDefinition()
-            bounded: list[While] = []
-            backend._define(definition, nodes, bounded)
+            built = _Built()
+            backend._define(definition, nodes, built, False)
         try:
             self.graph.update(definition)  # cuGraphExecUpdate: a refusal leaves a graph we then replace
         except Exception:
             return False
-        self.bounded = tuple(bounded)
+        self.bounded = tuple(built.bounded)
         return True
 
     # Loops recorded with max_iterations: the GPU stops one at its bound and marks its counter;
@@ -212,7 +264,7 @@ class _CudaExecutable:
             err, froms, tos, data, count = driver.cuGraphGetEdges(handle, count)
             if err != driver.CUresult.CUDA_SUCCESS:
                 raise RuntimeError(f"cuGraphGetEdges: {err.name}")
-        index = {int(n.handle): i for i, n in enumerate(self.nodes)}
+        index = {int(n.handle): i for i, n in enumerate(self.nodes[: self.top])}
         programmatic = int(driver.CUgraphDependencyType.CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC)
         succ: dict[int, list[tuple[int, bool]]] = collections.defaultdict(list)
         for f, t, e in zip(froms[:count], tos[:count], data[:count], strict=True):
@@ -552,21 +604,25 @@ class CudaBackend:
         self.make_current()
         with self.driver_call("building the graph definition"):
             definition = GraphDefinition()
-            bounded: list[While] = []
-            made = self._define(definition, nodes, bounded)
+            built = _Built()
+            self._define(definition, nodes, built, False)
         with self.driver_call("instantiating the graph"):
             graph = definition.instantiate()
             graph.upload(stream.native)  # type: ignore[arg-type]
-        executable = _CudaExecutable(self, graph, definition, made)
-        executable.bounded = tuple(bounded)
+        flat, _ = levels(nodes)
+        core = built.core
+        executable = _CudaExecutable(self, graph, definition, [core[rec] for rec in flat], len(nodes))
+        if len(flat) > len(nodes):  # loops or branches: their nodes can be updated too
+            slot = {rec: i for i, rec in enumerate(flat)}
+            executable.conditions = {slot[rec]: made for rec, made in built.conditions.items()}
+            executable._unsynced = {}
+        executable.bounded = tuple(built.bounded)
         executable.pdl = self.pdl
         return executable
 
-    def _define(
-        self, definition: GraphDefinition, nodes: Sequence[RecordedNode], bounded: list[While]
-    ) -> list[CoreNode]:
-        """Add ``nodes`` to ``definition`` (the graph, or a loop or branch body) with their edges;
-        the created nodes in record order. Bounded loops are collected in ``bounded``."""
+    def _define(self, definition: GraphDefinition, nodes: Sequence[RecordedNode], built: _Built, in_body: bool) -> None:
+        """Add ``nodes`` to ``definition`` (the graph, or a loop or branch body: ``in_body``) with
+        their edges; each recorded node's definition node goes into ``built.core``."""
         made: list[CoreNode] = []
         # Edges that other edges imply are left out of the driver's graph (see _tracker.without_implied).
         direct = executable_deps(nodes)
@@ -582,80 +638,89 @@ class CudaBackend:
                 parent = definition
             if isinstance(rec.op, ControlNode):
                 preds = [made[d] for d in deps] if len(deps) > 1 else []
-                node = self._add_control(definition, parent, preds, rec.op, bounded)
+                node = self._add_control(definition, parent, preds, rec, built)
             else:
-                node = self._add_node(parent, rec.op)
+                node = self._add_node(parent, rec.op, in_body)
                 if len(deps) > 1:
                     node.pred = [made[d] for d in deps]
             made.append(node)
+            built.core[rec] = node
         if programmatic:
             kept = [rec.programmatic & deps for rec, deps in zip(nodes, direct, strict=True)]
             _add_programmatic_edges(definition, made, kept)
-        return made
 
-    def _add_node(self, parent: Any, op: GraphNode) -> CoreNode:
+    def _add_node(self, parent: Any, op: GraphNode, in_body: bool) -> CoreNode:
         if type(op) is KernelLaunch:
             fn, config, args = op.native or self.bound(op)
             return parent.launch(config, fn, *args)  # type: ignore[no-any-return]
         if isinstance(op, Captured):  # foreign work or a collective: a child-graph node (scopegraph._capture)
-            return parent.embed(op.child(self))  # type: ignore[no-any-return]
-        # A 0-byte copy or fill is no work (the driver refuses it as a node): an empty node keeps the edges.
-        if isinstance(op, Memcpy) and op.dst.nbytes:
-            dst, src = op.dst, op.src
-            return parent.memcpy(  # type: ignore[no-any-return]
-                dst.allocation.address + dst.offset, src.allocation.address + src.offset, dst.nbytes
-            )
-        if isinstance(op, Memset) and op.dst.nbytes:
-            dst, pattern = op.dst, op.pattern
-            return parent.memset(  # type: ignore[no-any-return]
-                dst.allocation.address + dst.offset, _fill_value(pattern), dst.nbytes // len(pattern)
-            )
-        assert isinstance(op, (Join, Memcpy, Memset))
-        return parent.empty() if isinstance(parent, GraphDefinition) else parent.join()
+            child = op.child(self)
+            if in_body:  # a region was checked when its block ended; a collective is captured only now
+                check_body_graph(op, child.handle)
+            return parent.embed(child)  # type: ignore[no-any-return]
+        params = _node_params(self, op, _NO_VALUES)
+        if params is None:
+            # A 0-byte copy or fill is no work (the driver refuses it as a node): an empty node keeps the edges.
+            assert isinstance(op, (Join, Memcpy, Memset))
+            return parent.empty() if isinstance(parent, GraphDefinition) else parent.join()
+        if isinstance(op, Memcpy):
+            return parent.memcpy(params["dst"], params["src"], params["size"])  # type: ignore[no-any-return]
+        return parent.memset(params["dst"], params["value"], params["width"])  # type: ignore[no-any-return]
 
     # -- loops and branches (scopegraph._control) -------------------------------------------
 
     def _add_control(
-        self, definition: GraphDefinition, parent: Any, preds: list[CoreNode], op: ControlNode, bounded: list[While]
+        self, definition: GraphDefinition, parent: Any, preds: list[CoreNode], rec: RecordedNode, built: _Built
     ) -> CoreNode:
         """A conditional node for a loop or branch, after a one-thread kernel that sets its condition
         from the flag; a loop's body ends with the same kernel, after the body's last writes of the flag."""
+        op = rec.op
+        assert isinstance(op, ControlNode)
         condition = definition.create_condition(default_value=0)
         try:
             handle: Any = np.uint64(int(condition.handle))  # the CUgraphConditionalHandle, a u64 kernel argument
         except (TypeError, ValueError):
             handle = condition  # cuda.core unwraps a GraphCondition passed as a kernel argument itself
-        fn = self._condition_kernel()
-        config = LaunchConfig(grid=1, block=1)
+        fn, config = self._condition_kernel()
         flag = op.flag.allocation.address + op.flag.offset
         counter, limit = 0, np.int32(-1)
         if isinstance(op, While) and op.counter is not None and op.max_iterations is not None:
             counter = op.counter.allocation.address + op.counter.offset
             limit = np.int32(op.max_iterations)
-            bounded.append(op)
-        setter = parent.launch(config, fn, handle, flag, counter, limit, np.int32(1))
+            built.bounded.append(op)
+        setter = parent.launch(config, fn, handle, flag, counter, limit, _FIRST)
         if preds:
             setter.pred = preds
+        again: Any = None
         if isinstance(op, While):
             node = setter.while_loop(condition)
             body = node.body
-            made = self._define(body, op.body.nodes, bounded)
+            self._define(body, op.body.nodes, built, True)
+            made = [built.core[n] for n in op.body.nodes]
             deps = op.body.condition_deps
             last: Any = made[next(iter(deps))] if len(deps) == 1 else body
-            again = last.launch(config, fn, handle, flag, counter, limit, np.int32(0))
+            again = last.launch(config, fn, handle, flag, counter, limit, _AGAIN)
             if len(deps) > 1:
                 again.pred = [made[d] for d in deps]
-            return node  # type: ignore[no-any-return]
-        assert isinstance(op, If)
-        node = setter.if_then(condition) if op.otherwise is None else setter.if_else(condition)
-        branches = [(node.then, op.then)] + ([] if op.otherwise is None else [(node.else_, op.otherwise)])
-        for graph, body_records in branches:
-            if not self._define(graph, body_records.nodes, bounded):
-                graph.empty()  # a branch with nothing in it still needs a graph the driver accepts
+        else:
+            assert isinstance(op, If)
+            node = setter.if_then(condition) if op.otherwise is None else setter.if_else(condition)
+            branches = [(node.then, op.then)] + ([] if op.otherwise is None else [(node.else_, op.otherwise)])
+            for graph, body_records in branches:
+                records = body_records.nodes
+                self._define(graph, records, built, True)
+                if not records:
+                    graph.empty()  # a branch with nothing in it still needs a graph the driver accepts
+        built.conditions[rec] = (setter, again, (handle, counter, limit))
         return node  # type: ignore[no-any-return]
 
-    def _condition_kernel(self) -> CoreKernel:
-        return self._load(sg_condition).fn
+    def _condition_kernel(self) -> tuple[CoreKernel, LaunchConfig]:
+        """The condition kernel, loaded, and its one-thread launch."""
+        fn = self._load(sg_condition).fn
+        config = self._configs.get(((1, 1, 1), (1, 1, 1), 0))
+        if config is None:
+            config = self._configs[((1, 1, 1), (1, 1, 1), 0)] = LaunchConfig(grid=1, block=1)
+        return fn, config
 
     # -- interop --------------------------------------------------------------------------
 
@@ -749,6 +814,40 @@ def _allow_dynamic_shared(fn: CoreKernel, nbytes: int, device_id: int) -> None:
         (err,) = driver.cuFuncSetAttribute(handle, attribute, nbytes)
     if err != _SUCCESS:
         raise RuntimeError(f"setting the dynamic shared memory of a kernel to {nbytes} bytes: {err.name}")
+
+
+def _node_params(backend: CudaBackend, op: GraphNode, values: Mapping[str, np.generic]) -> dict[str, Any] | None:
+    """What a kernel, copy or fill node is given (when made, and again by a node update), as
+    cuda.core's node ``update`` takes it; sg.Params take ``values`` (or their defaults). None for
+    a node with nothing to give: a join, a 0-byte copy or fill (an empty node)."""
+    if type(op) is KernelLaunch:
+        fn, config, args = op.native or backend.bound(op)
+        if op.params and values:
+            resolved = list(args)
+            for i, p in op.params:
+                resolved[i] = values.get(p.name, p.default)
+            args = tuple(resolved)
+        return {"config": config, "kernel": fn, "args": args}
+    if isinstance(op, Memcpy) and op.dst.nbytes:
+        dst, src = op.dst, op.src
+        return {
+            "dst": dst.allocation.address + dst.offset,
+            "src": src.allocation.address + src.offset,
+            "size": dst.nbytes,
+        }
+    if isinstance(op, Memset) and op.dst.nbytes:
+        dst, pattern = op.dst, op.pattern
+        return {
+            "dst": dst.allocation.address + dst.offset,
+            "value": _fill_value(pattern),
+            "width": dst.nbytes // len(pattern),
+        }
+    return None
+
+
+_NO_VALUES: dict[str, np.generic] = {}
+# The condition kernel's `first` argument: before a loop or branch, and at the end of a loop's iteration.
+_FIRST, _AGAIN = np.int32(1), np.int32(0)
 
 
 def _fill_value(pattern: bytes) -> int | bytes:

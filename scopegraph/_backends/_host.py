@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._capture import Captured
-from .._control import ControlNode, While
+from .._control import Body, ControlNode, While, levels
 from .._errors import BoundsError, NoHostReferenceError, diagnostic
 from .._kernel import KernelLaunch
 from .._ops import GraphNode, Memcpy, Memset
@@ -147,9 +147,15 @@ _NO_LAUNCH: dict[str, tuple[int, int, int]] = {}
 _GRID_AND_BLOCK = ("grid", "block")
 
 
-def _thunk(op: GraphNode, values: Mapping[str, np.generic] | None = None) -> Callable[[], None]:
+_NO_BODIES: dict[Body, _HostGraph] = {}
+
+
+def _thunk(
+    op: GraphNode, values: Mapping[str, np.generic] | None = None, bodies: Mapping[Body, _HostGraph] = _NO_BODIES
+) -> Callable[[], None]:
     """Bind an op to numpy views once, so replay only calls functions. ``values``: the graph's
-    parameter values (default: each sg.Param's default); a change binds the node again."""
+    parameter values (default: each sg.Param's default); a change binds the node again.
+    ``bodies``: the sub-graphs that run loop and branch bodies (a graph's, see _HostGraph.load)."""
     if isinstance(op, Memcpy):
         dst, src = _array(op.dst, True).reshape(-1), _array(op.src, False).reshape(-1)
         return lambda: np.copyto(dst, src)
@@ -157,7 +163,7 @@ def _thunk(op: GraphNode, values: Mapping[str, np.generic] | None = None) -> Cal
         dst, value = _array(op.dst, True), op.value
         return lambda: dst.fill(value)
     if isinstance(op, ControlNode):
-        return _control_thunk(op)
+        return _control_thunk(op, [bodies[b] for b in op.bodies])
     if isinstance(op, Captured):  # a captured region's host callable, or a collective over the bootstrap
         return op.host_thunk(_host_view)
     if not isinstance(op, KernelLaunch):
@@ -196,10 +202,9 @@ def _thunk(op: GraphNode, values: Mapping[str, np.generic] | None = None) -> Cal
     return run
 
 
-def _control_thunk(op: ControlNode) -> Callable[[], None]:
+def _control_thunk(op: ControlNode, bodies: list[_HostGraph]) -> Callable[[], None]:
     """A loop or branch: its bodies are sub-graphs, each run replayed in a new random order."""
     flag = _array(op.flag, False).reshape(-1)
-    bodies = [_HostGraph([_thunk(n.op) for n in b.nodes], [n.deps for n in b.nodes]) for b in op.bodies]
     if isinstance(op, While):
         body, limit = bodies[0], op.max_iterations
 
@@ -224,12 +229,28 @@ def _control_thunk(op: ControlNode) -> Callable[[], None]:
 
 
 class _HostGraph:
-    """An instantiated host graph: the ops' thunks and the DAG they are replayed in."""
+    """An instantiated host graph, or one loop or branch body of it: the ops' thunks and the DAG
+    they are replayed in."""
 
     def __init__(self, thunks: list[Callable[[], None]], deps: list[frozenset[int]]) -> None:
         self.thunks = thunks
         self.deps = deps
         self._lock = threading.Lock()
+        # A graph's (not a body's): where each node runs, by slot (scopegraph._control.levels): the
+        # graph or body sub-graph, and the node's index there; and the sub-graph of each body.
+        self.places: list[tuple[_HostGraph, int]] = []
+        self.bodies: dict[Body, _HostGraph] = {}
+
+    def load(self, nodes: Sequence[RecordedNode]) -> _HostGraph:
+        """Bind the recording's nodes, bodies included, each to its sub-graph (parameters at their defaults)."""
+        _, found = levels(nodes)
+        graphs = [self] + [_HostGraph([], [n.deps for n in level.nodes]) for level in found[1:]]
+        self.deps = [n.deps for n in nodes]
+        self.bodies = {level.body: g for level, g in zip(found, graphs, strict=True) if level.body is not None}
+        for level, g in zip(found, graphs, strict=True):
+            g.thunks = [_thunk(n.op, None, self.bodies) for n in level.nodes]
+        self.places = [(g, i) for level, g in zip(found, graphs, strict=True) for i in range(len(level.nodes))]
+        return self
 
     def order(self) -> list[int]:
         """A random topological order of the DAG, drawn from the seeded replay generator."""
@@ -260,17 +281,24 @@ class _HostGraph:
     def close(self) -> None:
         self.thunks = []
         self.deps = []
+        self.places = []
+        self.bodies = {}
 
     # -- changes (scopegraph._params and _rebind): what the CUDA backend does with node and whole-graph updates
 
     def update_node(self, index: int, op: GraphNode, values: Mapping[str, np.generic]) -> None:
-        """Make node ``index`` run ``op`` (same kind of node) with these parameter values."""
-        self.thunks[index] = _thunk(op, values)
+        """Make the node of slot ``index`` (in a body too: scopegraph._control.levels) run ``op``
+        (the same kind of node) with these parameter values. A loop or branch keeps its bodies'
+        sub-graphs and reads its (new) flag."""
+        graph, i = self.places[index]
+        graph.thunks[i] = _thunk(op, values, self.bodies)
 
     def update_whole(self, nodes: Sequence[RecordedNode]) -> bool:
         """Take a new recording of the same topology (the caller compared it)."""
-        self.thunks = [_thunk(n.op) for n in nodes]
+        self.load(nodes)
         return True
+
+    whole_updates = 0  # node updates are never whole-graph updates here (scopegraph._update.update_executable)
 
 
 class HostBackend:
@@ -321,7 +349,7 @@ class HostBackend:
         _thunk(op)()
 
     def build(self, nodes: Sequence[RecordedNode], stream: Stream) -> _HostGraph:
-        return _HostGraph([_thunk(n.op) for n in nodes], [n.deps for n in nodes])
+        return _HostGraph([], []).load(nodes)
 
     def ready_stream(self, alloc: Allocation) -> int | None:
         return None
