@@ -67,7 +67,7 @@ from ._bootstrap import Bootstrap, DistributedError, check_timeout, from_env
 from ._borrow import Borrow
 from ._capture import BODY_HOLDS, ArrayOf, Captured, CaptureError, body_kind_notes, capture_stream
 from ._control import ControlNode
-from ._device import Device, device
+from ._device import Device, device, env_device
 from ._driver import cuda_device_count
 from ._dtypes import int32
 from ._errors import CudaError, SignatureError, diagnostic
@@ -597,9 +597,7 @@ def init_distributed(
 
 def _rank_device(dev: Device | str | None, rank: int) -> Device | str:
     """The device of ``rank`` (see init_distributed): a bare "cuda" is this rank's GPU."""
-    spec = (
-        dev if dev is not None else os.environ.get("SCOPEGRAPH_DEVICE") or ("cuda" if cuda_device_count() else "host")
-    )
+    spec = dev if dev is not None else env_device() or ("cuda" if cuda_device_count() else "host")
     if isinstance(spec, str) and spec.strip().lower() == "cuda":
         local = _local_rank(rank)
         count = cuda_device_count()

@@ -3,6 +3,8 @@ silent overflow on the host backend before its fix, and now checks the ScopeGrap
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -12,7 +14,7 @@ import pytest
 import scopegraph as sg
 from scopegraph import CudaGraph
 
-from .helpers import assert_stream_usable
+from .helpers import assert_stream_usable, child_env
 
 
 def test_zero_step_row_slice_raises_scopegraph_error() -> None:
@@ -414,3 +416,23 @@ def test_a_bad_scopegraph_device_is_reported_as_the_variable(monkeypatch: pytest
     blank = sg.device()
     monkeypatch.delenv("SCOPEGRAPH_DEVICE")
     assert blank is sg.device()
+
+
+@pytest.mark.parametrize(("value", "warned"), [("abc", True), ("12", False), ("", False)])
+def test_a_host_seed_that_is_no_number_is_named_not_ignored(value: str, warned: bool) -> None:
+    """The seed is read when the host backend is imported: a warning, with the seed used instead."""
+    done = subprocess.run(
+        [sys.executable, "-c", "import scopegraph._backends._host as h; print(h.replay_seed)"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=child_env(SCOPEGRAPH_HOST_SEED=value),
+    )
+    assert done.returncode == 0, done.stderr
+    seed = done.stdout.strip()
+    if warned:
+        assert "SCOPEGRAPH_HOST_SEED='abc' is not a whole number" in done.stderr
+        assert f"set SCOPEGRAPH_HOST_SEED={seed} to replay them" in done.stderr
+    else:
+        assert done.stderr == ""
+        assert value == "" or seed == value

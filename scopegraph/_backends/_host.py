@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import random
 import threading
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from graphlib import TopologicalSorter
 from typing import TYPE_CHECKING, Any
@@ -50,8 +51,17 @@ def seed_replay_order(seed: int | None = None) -> int:
     Returns the seed, so a failure can be reproduced."""
     global replay_seed
     if seed is None:
-        env = os.environ.get("SCOPEGRAPH_HOST_SEED", "")
-        seed = int(env) if env.strip().lstrip("-").isdigit() else random.SystemRandom().randrange(2**32)
+        env = os.environ.get("SCOPEGRAPH_HOST_SEED", "").strip()
+        if env.lstrip("-").isdigit():
+            seed = int(env)
+        else:
+            seed = random.SystemRandom().randrange(2**32)
+            if env:  # read when scopegraph is imported, so a warning rather than an error
+                warnings.warn(
+                    f"SCOPEGRAPH_HOST_SEED={env!r} is not a whole number: host replay orders use the random "
+                    f"seed {seed} (set SCOPEGRAPH_HOST_SEED={seed} to replay them)",
+                    stacklevel=2,
+                )
     replay_seed = seed
     with _order_lock:
         _order.seed(seed)
