@@ -221,3 +221,19 @@ def test_wheel_modules_import_outside_the_checkout(installed: Installed, tmp_pat
     done = run([str(installed.python), "-c", script], tmp_path)
     assert done.returncode == 0, done.stderr
     assert int(done.stdout) > 10
+
+
+def test_this_checkout_does_not_shadow_a_projects_own_tests_package(tmp_path: Path) -> None:
+    """An editable install puts the checkout on sys.path; its tests/ must not hide a project's own
+    `tests` (pytest's usual layout has no __init__.py there, a namespace package)."""
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "util.py").write_text("VALUE = 42\n")
+    done = subprocess.run(
+        [sys.executable, "-c", "from tests.util import VALUE; print(VALUE)"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "42", done.stderr
