@@ -71,7 +71,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -93,6 +93,7 @@ from ._tensor import Mut, Tensor
 if TYPE_CHECKING:
     from cuda.core.graph import GraphDefinition
 
+    from ._backends._cuda import CudaBackend
     from ._control import Body
     from ._stream import Stream
 
@@ -630,6 +631,7 @@ class Region:
         self.torch_stream: Any = None
         self.node: RecordedNode | None = None
         self._capture: _CoreCapture | _TorchCapture | None = None
+        self._frees_deferred_by: CudaBackend | None = None  # holds frees back while this region captures
         self._cupy: Any = None
         self._entered = False
 
@@ -681,7 +683,7 @@ class Region:
             t.check_alive()
         self._entered = True
         if device.is_cuda:
-            backend = device.backend
+            backend = cast("CudaBackend", device.backend)
             try:  # making the capture stream, or starting to capture on it, may fail
                 if self.via == "torch":
                     self._capture = _TorchCapture(device.index, self.mode, f"`{self.op.label_name}`", self.location)
@@ -689,6 +691,8 @@ class Region:
                     self._capture = _CoreCapture(backend, self.mode)
                 self._refuse_cupy_allocations()
                 self._capture.begin()
+                backend.defer_frees()
+                self._frees_deferred_by = backend
             except BaseException as exc:
                 self._restore_cupy()
                 self._capture = None
@@ -761,6 +765,9 @@ class Region:
                 self.op.kept.extend(kept)
         finally:
             self._restore_cupy()
+            backend, self._frees_deferred_by = self._frees_deferred_by, None
+            if backend is not None:
+                backend.resume_frees()
         if not isinstance(owner, Scope):
             self.node = owner.record(self.op)
             self.node._where = self.where

@@ -7,6 +7,7 @@ without the library."""
 from __future__ import annotations
 
 import functools
+import gc
 import re
 from collections.abc import Callable
 from typing import Any
@@ -197,6 +198,26 @@ def test_an_error_inside_the_region_leaves_the_scope_and_stream_usable(sg_stream
 
 
 # -- host backend -------------------------------------------------------------------------------
+
+
+def test_memory_dropped_while_a_region_captures_is_freed_after_it(sg_stream: sg.Stream) -> None:
+    """Garbage collection may drop a tensor while a region captures (here, on purpose): its free
+    waits for the capture's end, since the stream waits and frees it makes would invalidate the
+    user's capture (CUDA_ERROR_STREAM_CAPTURE_INVALIDATED at the next launch in the region)."""
+    dev = sg_stream.device
+    x, y = dev.full((256,), 3.0, name="x"), dev.zeros((256,), name="y")
+    dropped = dev.zeros((1 << 20,), name="dropped")
+    double = lambda o, i: np.multiply(i, np.float32(2), out=o)  # noqa: E731
+    with CudaGraph.scope(sg_stream) as s, s.capture(reads=[x], writes=[y.mut()], host=double) as region:
+        del dropped
+        gc.collect()
+        if region.capturing:
+            foreign_scale(region, y, x, 2.0)
+    assert not getattr(dev.backend, "_deferred", ())  # freed when the capture ended
+    with s.graph as graph:
+        graph.launch()
+        np.testing.assert_array_equal(y.numpy(), np.full(256, 6.0))
+    assert_stream_usable(sg_stream)
 
 
 def test_the_host_backend_needs_a_host_callable() -> None:

@@ -366,6 +366,8 @@ class CudaBackend:
         # Foreign owners kept alive until the events of the work that used them complete. A deque:
         # retire runs from garbage collection, anywhere, so this takes no lock.
         self._graveyard: collections.deque[tuple[list[Event], object]] = collections.deque()
+        # What retire was given while a thread captured (defer_frees): freed when the capture ends.
+        self._deferred: collections.deque[tuple[object, set[object], bool]] = collections.deque()
 
     def make_current(self) -> None:
         """Make this device's primary context current on the calling thread. Always switches:
@@ -408,6 +410,9 @@ class CudaBackend:
         Runs from free() and from garbage collection, so it never raises: if the ordering cannot
         be set up (another thread adding a user meanwhile, a stream already gone), it falls back
         to waiting for the whole device, which is slow but never frees memory early."""
+        if getattr(_current, "deferring", 0):
+            self._deferred.append((storage, users, borrowed))
+            return
         try:
             self.make_current()
             streams = list(users)
@@ -422,6 +427,19 @@ class CudaBackend:
                 self.core.sync()
         with contextlib.suppress(Exception):
             storage.close(self.memory_stream)  # type: ignore[attr-defined]
+
+    def defer_frees(self) -> None:
+        """While this thread captures foreign work (a captured region), memory that garbage
+        collection lets go of is queued, not freed: retire's stream waits, event records and frees
+        are calls a capture forbids on its thread, and one would invalidate the user's capture."""
+        _current.deferring = getattr(_current, "deferring", 0) + 1
+
+    def resume_frees(self) -> None:
+        """The capture of defer_frees ended: free what was queued meanwhile."""
+        _current.deferring -= 1
+        if not _current.deferring:
+            while self._deferred:
+                self.retire(*self._deferred.popleft())
 
     def _bury(self) -> None:
         """Drop the foreign owners whose users have finished."""
