@@ -30,8 +30,10 @@ from sortedcontainers import SortedDict
 from ._borrow import Borrow
 from ._intervals import overlapping
 
-# A write that must wait for more readers than this waits for a join node instead.
-JOIN_THRESHOLD = 8
+# A write that must wait for more readers than this waits for a join node instead. High enough that
+# ordinary programs see only their own ops in graph.nodes, with each write's edges to its readers
+# (DESIGN section 4), low enough that thousands of readers meeting many writes stay cheap.
+JOIN_THRESHOLD = 64
 
 
 class _Readers:

@@ -159,6 +159,24 @@ def test_the_property_check_fails_for_wrong_trackers() -> None:
     assert dag_violations(ops, deps) == [] and deps == [frozenset(), frozenset(), frozenset({0})]
 
 
+def test_a_write_after_dozens_of_readers_waits_for_each_of_them(sg_device: sg.Device, sg_stream: sg.Stream) -> None:
+    """DESIGN section 4: a write depends on the last readers of what it writes. Up to 64 readers
+    that is literal (no join node in graph.nodes); past that, one join stands for them."""
+    x = sg_device.zeros((4,), name="x")
+    outs = sg_device.zeros((65, 4), name="outs")
+    for readers, joined in ((64, False), (65, True)):
+        with CudaGraph.scope(sg_stream) as s:
+            reads = [s.record(sg.memcpy(outs[i].mut(), x)) for i in range(readers)]
+            write = s.record(sg.memset(x.mut(), 1.0))
+        with s.graph as graph:
+            joins = [n for n in graph.nodes if isinstance(n.op, sg.Join)]
+            if joined:
+                assert len(joins) == 1 and write.deps == {joins[0].index}
+            else:
+                assert joins == [] and len(graph.nodes) == readers + 1
+                assert write.deps == {r.index for r in reads}
+
+
 def test_many_readers_meet_one_writer_in_a_join(sg_device: sg.Device, sg_stream: sg.Stream) -> None:
     """2000 readers of x, then small writes of x's rows: the first write waits for one join
     node (which waits for the readers), every later write for that join alone."""
