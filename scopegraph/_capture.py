@@ -690,11 +690,12 @@ class Region:
                 else:
                     self._capture = _CoreCapture(backend, self.mode)
                 self._refuse_cupy_allocations()
-                self._capture.begin()
-                backend.defer_frees()
+                backend.defer_frees()  # before the capture begins: a collection may run inside begin()
                 self._frees_deferred_by = backend
+                self._capture.begin()
             except BaseException as exc:
                 self._restore_cupy()
+                self._resume_frees()
                 self._capture = None
                 if isinstance(exc, Exception) and not isinstance(exc, ScopeGraphError):
                     raise _failed(
@@ -765,9 +766,7 @@ class Region:
                 self.op.kept.extend(kept)
         finally:
             self._restore_cupy()
-            backend, self._frees_deferred_by = self._frees_deferred_by, None
-            if backend is not None:
-                backend.resume_frees()
+            self._resume_frees()
         if not isinstance(owner, Scope):
             self.node = owner.record(self.op)
             self.node._where = self.where
@@ -804,6 +803,11 @@ class Region:
             self._cupy.__enter__()
         except Exception:  # an old CuPy without using_allocator: the driver's refusal still applies
             self._cupy = None
+
+    def _resume_frees(self) -> None:
+        backend, self._frees_deferred_by = self._frees_deferred_by, None
+        if backend is not None:
+            backend.resume_frees()
 
     def _restore_cupy(self) -> None:
         context, self._cupy = self._cupy, None

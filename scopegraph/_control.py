@@ -84,7 +84,6 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping
 
     from ._device import Device
-    from ._lifetime import Pin
     from ._stream import Stream
 
 T_co = TypeVar("T_co", covariant=True)
@@ -308,7 +307,9 @@ class Block(Generic[T_co]):
         self.bodies: tuple[Body, ...] = ()
         self._entered = False
         # The scope's pin before the bodies added to it: undone if the block raises.
-        self._pin_mark: tuple[Pin, tuple[int, int]] | None = None
+        # Where the root scope stood when the block opened: its pins, and how many parameter names
+        # it knew (see _roll_back).
+        self._mark: tuple[Scope, tuple[int, int], int] | None = None
 
     @property
     def location(self) -> str:
@@ -354,9 +355,9 @@ class Block(Generic[T_co]):
         self.flag.check_alive()
         kinds = {"while": ("loop body",), "if": ("then",), "if_else": ("then", "else")}[self.kind]
         self.bodies = tuple(Body(root, k, self.flag, self.where) for k in kinds)
-        # Body ops pin their memory as they are recorded (eager work on it from then on must come
-        # before the first replay), so a block that raises takes its pins back.
-        self._pin_mark = (root._pin, root._pin.mark())
+        # Body ops pin their memory and name their parameters as they are recorded (eager work on
+        # it from then on must come before the first replay), so a block that raises takes both back.
+        self._mark = (root, root._pin.mark(), len(root._params))
         owner._inner = self
         self._entered = True
         if self.kind == "if_else":
@@ -372,21 +373,27 @@ class Block(Generic[T_co]):
         for body in self.bodies:
             unclosed = end_inner(body, body.kind, exc_type) or unclosed
             body._close(loop=self.kind == "while")
-        assert self._pin_mark is not None  # entered
-        pin, mark = self._pin_mark
         if unclosed is not None:
-            pin.roll_back(mark)
+            self._roll_back()
             raise unclosed
         if exc_type is not None:
             # The loop is not recorded; the owner stays usable (the scope abandons it if the error
             # escapes), and the graph pins nothing of it.
-            pin.roll_back(mark)
+            self._roll_back()
             return
         try:
             self._record()
         except BaseException:
-            pin.roll_back(mark)  # refused as a whole (a freed flag, say): nothing of it stays pinned
+            self._roll_back()  # refused as a whole (a freed flag, say): nothing of it stays pinned
             raise
+
+    def _roll_back(self) -> None:
+        """Take back what the bodies' ops pinned and the parameter names they brought."""
+        assert self._mark is not None  # entered
+        root, pins, params = self._mark
+        root._pin.roll_back(pins)
+        for name in list(root._params)[params:]:
+            del root._params[name]
 
     def _record(self) -> None:
         """Record the whole loop or branch into its owner as one ControlNode."""

@@ -210,10 +210,11 @@ def _rebuilt(graph_id: int, name: str, op: GraphNode, borrows: list[Borrow], mov
         return Memset(Mut(arg(0)), op.value.item())
     old = ", ".join(f"`{borrows[k].tensor.name}`" for k in moved)
     if isinstance(op, ControlNode):
-        if 0 not in moved:  # the flag stays: what moves is a bounded loop's own iteration counter
+        if set(moved) != {0}:  # besides the flag, a bounded loop's own iteration counter would move
+            counter = ", ".join(f"`{borrows[k].tensor.name}`" for k in moved if k != 0)
             raise SignatureError(
                 diagnostic(
-                    f"graph #{graph_id} cannot rebind {old}: it is the iteration counter of the loop "
+                    f"graph #{graph_id} cannot rebind {counter}: it is the iteration counter of the loop "
                     f"({name}), which scopegraph made for max_iterations=",
                     help="rebind the tensors the loop's flag and body use; the counter stays the loop's",
                 )
@@ -366,8 +367,8 @@ def update_executable(
     done: list[int] = []
     try:
         for slot in slots:
+            done.append(slot)  # the failing one too: a refused whole-graph update left its change in the definition
             exe.update_node(slot, flat[slot].op if ops is None else ops[slot], values)
-            done.append(slot)
     except BaseException:
         for slot in done:
             try:

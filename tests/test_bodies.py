@@ -12,7 +12,7 @@ import subprocess
 import sys
 import types
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -477,6 +477,51 @@ def test_a_refused_node_update_in_a_body_becomes_a_whole_graph_update_keeping_ea
     }
 
 
+def test_a_refused_whole_graph_update_is_rolled_back_in_the_definition_too() -> None:
+    """Stand-ins as above, with a driver that refuses one whole-graph update: the caller's roll-back
+    (update_executable) sets the failing node's old parameters again, so the definition does not
+    keep the refused change, and later updates in bodies work (before, each was refused too)."""
+    from scopegraph._backends._cuda import _CudaExecutable
+    from scopegraph._update import update_executable
+
+    running: dict[int, dict[str, Any]] = {}
+
+    class Node:
+        def __init__(self, i: int) -> None:
+            self.i, self.params = i, {"args": ("built", i)}
+
+        def update(self, **params: Any) -> None:
+            self.params = params
+
+    class View:
+        def update(self, **params: Any) -> None:
+            raise RuntimeError("CUDA_ERROR_INVALID_VALUE (a stand-in)")  # no node updates in bodies
+
+    class Graph:
+        def __getitem__(self, node: Node) -> View:
+            return View()
+
+        def update(self, definition: list[Node]) -> None:
+            if any(n.params["args"][0] == "bad" for n in definition):
+                raise RuntimeError("CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE (a stand-in)")
+            running.update({n.i: n.params for n in definition})
+
+    nodes = [Node(i) for i in range(4)]  # 0, 1: the graph's own; 2, 3: in a loop body
+    exe = _CudaExecutable(types.SimpleNamespace(keep_current=lambda: None), Graph(), nodes, nodes, 2)  # type: ignore[arg-type]
+    exe._unsynced = {}
+
+    def update_node(index: int, op: Any, values: Any) -> None:
+        exe._set(nodes[index], {"args": (op, index)}, index)
+
+    exe.update_node = update_node  # type: ignore[method-assign]
+    flat: Any = [types.SimpleNamespace(op=f"old{i}") for i in range(4)]
+    with pytest.raises(RuntimeError, match="UPDATE_FAILURE"):
+        update_executable(exe, flat, [2], {}, {}, {2: cast(Any, "bad")})
+    assert nodes[2].params == {"args": ("old2", 2)}  # put back in the definition
+    assert update_executable(exe, flat, [3], {}, {}, {3: cast(Any, "new")}) == "whole"
+    assert running[3] == {"args": ("new", 3)} and running[2] == {"args": ("old2", 2)}
+
+
 def test_a_parameter_that_would_make_a_body_node_reach_past_its_tensor_is_refused(
     sg_device: sg.Device, sg_stream: sg.Stream
 ) -> None:
@@ -581,6 +626,38 @@ def test_rebinding_a_loops_flag_moves_its_condition_too(sg_device: sg.Device, sg
         assert pinned(flag2) and not pinned(flag)
 
 
+def test_rebinding_the_flag_of_a_branch_with_empty_bodies(sg_device: sg.Device, sg_stream: sg.Stream) -> None:
+    """A graph whose only loop or branch holds nothing still has condition kernels to move (on
+    CUDA the rebind met a KeyError, reported as a CudaError)."""
+    flag, flag2, x = i32(sg_device, 1, "flag"), i32(sg_device, 0, "flag2"), sg_device.zeros((N,), name="x")
+    with CudaGraph.scope(sg_stream) as s:
+        s.record(library.add_scalar_op(x.mut(), 1.0))
+        with s.if_(flag):
+            pass
+    with s.graph as graph:
+        graph.rebind({flag: flag2})
+        graph.launch()
+        graph.sync()
+        assert graph.nodes[1].op.label().startswith("if(flag2") and pinned(flag2) and not pinned(flag)
+        np.testing.assert_array_equal(x.numpy(), np.full(N, 1.0))
+
+
+def test_a_branch_that_raises_takes_back_its_parameter_names(sg_device: sg.Device, sg_stream: sg.Stream) -> None:
+    """The branch is not recorded, so neither is its parameter: another parameter of that name is
+    not 'a second parameter named v' afterwards."""
+    flag, x = i32(sg_device, 1, "flag"), sg_device.zeros((N,), name="x")
+    with CudaGraph.scope(sg_stream) as s:
+        with pytest.raises(RuntimeError, match="abandoned"), s.if_(flag) as then:
+            then.record(library.add_scalar[1, N](x.mut(), sg.Param("v", sg.f32, 1.0), N))
+            raise RuntimeError("abandoned")
+        s.record(library.add_scalar[1, N](x.mut(), sg.Param("v", sg.f32, 2.0), N))
+    with s.graph as graph:
+        assert graph.params == {"v": 2.0}
+        graph.launch()
+        graph.sync()
+        np.testing.assert_array_equal(x.numpy(), np.full(N, 2.0))
+
+
 def refused_setup(dev: sg.Device, stream: sg.Stream) -> tuple[CudaGraph, dict[str, sg.Tensor]]:
     """0: z += 10 (unordered with the loop); 1: flag = 1; 2: a loop, 8 iterations: 0: p += 1;
     1: q += 1 (unordered with 0); 2: collatz(n, steps, flag), the flag's only writer; 3: seen = steps
@@ -626,6 +703,7 @@ def replay(graph: CudaGraph, t: dict[str, sg.Tensor], stream: sg.Stream) -> list
         ("the flag onto a writer", sg.BorrowError, r"node 3 of the loop body of node 2 \(`copy_int`\) of graph"),
         ("frozen", sg.BorrowError, r"cannot borrow `frozen` as mutable"),
         ("the loop's counter", sg.SignatureError, r"it is the iteration counter of the loop \(node 2\)"),
+        ("the counter with the flag", sg.SignatureError, r"rebind `loop_count@\d+`: it is the iteration counter"),
     ],
 )
 def test_refused_rebinds_in_bodies_leave_the_graph_as_it_was(
@@ -644,6 +722,11 @@ def test_refused_rebinds_in_bodies_leave_the_graph_as_it_was(
         "the flag onto a writer": {t["flag"]: t["seen"]},  # the flag becomes what copy_int (unchanged) writes
         "frozen": {t["p"]: t["frozen"]},
         "the loop's counter": {loop.counter: sg_device.zeros((2,), sg.i32)},
+        # was accepted, the counter silently left where it was
+        "the counter with the flag": {
+            t["flag"]: sg_device.zeros((1,), sg.i32),
+            loop.counter: sg_device.zeros((2,), sg.i32),
+        },
     }[case]
     labels = [n.op.label() for n in graph.nodes]
     body_labels = [n.op.label() for n in loop.body.nodes]

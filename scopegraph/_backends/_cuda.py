@@ -213,6 +213,9 @@ class _CudaExecutable:
         unsynced[node] = params
         for changed, p in unsynced.items():
             changed.update(**p)
+        # A refusal leaves the definition holding the refused change: the caller's roll-back
+        # (scopegraph._update.update_executable) sets the node's old parameters again, which puts
+        # the definition back too.
         self.graph.update(self.definition)  # cuGraphExecUpdate: the same definition, its handles included
         unsynced.clear()
         self.whole_updates += 1
@@ -438,8 +441,12 @@ class CudaBackend:
         """The capture of defer_frees ended: free what was queued meanwhile."""
         _current.deferring -= 1
         if not _current.deferring:
-            while self._deferred:
-                self.retire(*self._deferred.popleft())
+            while True:
+                try:  # another thread whose capture ended may drain the queue at the same time
+                    storage, users, borrowed = self._deferred.popleft()
+                except IndexError:
+                    return
+                self.retire(storage, users, borrowed)
 
     def _bury(self) -> None:
         """Drop the foreign owners whose users have finished."""
@@ -630,7 +637,7 @@ class CudaBackend:
         flat, _ = levels(nodes)
         core = built.core
         executable = _CudaExecutable(self, graph, definition, [core[rec] for rec in flat], len(nodes))
-        if len(flat) > len(nodes):  # loops or branches: their nodes can be updated too
+        if built.conditions:  # loops or branches (empty bodies too): their nodes can be updated too
             slot = {rec: i for i, rec in enumerate(flat)}
             executable.conditions = {slot[rec]: made for rec, made in built.conditions.items()}
             executable._unsynced = {}
