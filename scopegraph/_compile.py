@@ -96,9 +96,10 @@ def _path_list(kernel: Kernel[Any], name: str, value: object) -> list[str]:
     return [str(p) for p in paths]
 
 
-def _header_digest(kernel: Kernel[Any], include_path: list[str], pre_include: list[str]) -> bytes:
-    """SHA-256 over every file under each include directory (sorted relative path and bytes) and
-    the pre-included names (with the file's bytes where the name is a file outside them)."""
+def _header_digest(kernel: Kernel[Any], include_path: list[str], pre_include: list[str], reached: list[Path]) -> bytes:
+    """SHA-256 over every file under each include directory (sorted relative path and bytes), the
+    pre-included names (with the file's bytes where the name is a file outside them) and the
+    headers included from elsewhere (``_reached_headers``: path and bytes)."""
     digest = hashlib.sha256()
 
     def put(label: str, payload: bytes) -> None:
@@ -127,6 +128,12 @@ def _header_digest(kernel: Kernel[Any], include_path: list[str], pre_include: li
                 f"cannot read the headers under include_path {directory!r}: {exc}",
                 "make every file under the include directories readable, or point include_path at a narrower directory",
             ) from None
+    for file in reached:
+        put("header", str(file).encode())
+        try:
+            put("header_bytes", file.read_bytes())
+        except OSError:
+            continue  # gone since it was found: NVRTC will say so
     for name in pre_include:
         put("pre_include", name.encode())
         try:
@@ -139,11 +146,43 @@ def _header_digest(kernel: Kernel[Any], include_path: list[str], pre_include: li
     return digest.digest()
 
 
+_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*(?:"([^"\n]+)"|<([^>\n]+)>)', re.M)
+
+
+def _reached_headers(source: str, include_path: list[str], from_cwd: bool) -> list[Path]:
+    """The header files the preprocessor would open for ``source``, followed through the headers
+    themselves, where they lie outside the include directories (whose whole contents are hashed
+    anyway): a quoted include found from the working directory (NVRTC's directory for a source
+    without a path, unless no_source_include), an absolute one, or one reached with ``..``.
+    Conditional compilation is ignored: a header named under an #if that is off is hashed too."""
+    roots = [Path(d).resolve() for d in include_path]
+    found: dict[Path, None] = {}
+    seen: set[Path] = set()
+    pending: list[tuple[str, Path | None]] = [(source, Path.cwd() if from_cwd else None)]
+    while pending:
+        text, here = pending.pop()
+        for quoted, angled in _INCLUDE.findall(text):
+            name = quoted or angled
+            places = ([here] if quoted and here is not None else []) + [Path(d) for d in include_path]
+            candidates = [Path(name)] if Path(name).is_absolute() else [p / name for p in places]
+            file = next((c.resolve() for c in candidates if c.is_file()), None)
+            if file is None or file in seen:
+                continue  # a system header (or one NVRTC reports missing), or seen already
+            seen.add(file)
+            if not any(file.is_relative_to(root) for root in roots):
+                found[file] = None
+            try:
+                pending.append((file.read_text(errors="replace"), file.parent))
+            except OSError:
+                continue  # unreadable: NVRTC will say so
+    return list(found)
+
+
 def _options(kernel: Kernel[Any], arch: str) -> tuple[ProgramOptions, bytes | None]:
     """The ProgramOptions for ``kernel`` and the digest of the headers they pull in (None without any)."""
     from cuda.core import ProgramOptions
 
-    given = dict(kernel.options)
+    given: dict[str, Any] = dict(kernel.options)
     refused = [name for name in _UNCACHEABLE if given.get(name) not in (None, False)]
     if refused:
         raise _BadCompileInput(
@@ -159,15 +198,26 @@ def _options(kernel: Kernel[Any], arch: str) -> tuple[ProgramOptions, bytes | No
         _path_list(kernel, "pre_include", given["pre_include"]) if given.get("pre_include") is not None else []
     )
     given.update({"include_path": include_path or None, "pre_include": pre_include or None})
+    chosen = [name for name in ("arch", "name") if name in given]
+    if chosen:
+        raise _BadCompileInput(
+            kernel,
+            f"bad compile option: {', '.join(chosen)} is scopegraph's to choose",
+            "drop it: the architecture is the GPU's (or compile_kernel's arch=), the name the kernel's",
+        )
+    given.setdefault("std", "c++17")
     try:
-        options = ProgramOptions(arch=arch, std="c++17", name=kernel.cpp_name, **given)
-    except (TypeError, ValueError) as exc:
+        options = ProgramOptions(arch=arch, name=kernel.cpp_name, **given)
+    except (TypeError, ValueError, RuntimeError) as exc:
         raise _BadCompileInput(
             kernel,
             f"bad compile option: {exc}",
             "use the fields of cuda.core.ProgramOptions, e.g. {'use_fast_math': True}",
         ) from None
-    extra = _header_digest(kernel, include_path, pre_include) if include_path or pre_include else None
+    reached = _reached_headers(kernel.source, include_path, not given.get("no_source_include"))
+    extra = (
+        _header_digest(kernel, include_path, pre_include, reached) if include_path or pre_include or reached else None
+    )
     return options, extra
 
 
@@ -184,7 +234,7 @@ def _cache_key(kernel: Kernel[Any], arch: str) -> tuple[ProgramOptions, bytes]:
             name_expressions=(kernel.name_expression,),
             extra_digest=extra,
         )
-    except (TypeError, ValueError) as exc:  # an option the cache cannot key
+    except (TypeError, ValueError, RuntimeError) as exc:  # an option the cache cannot key (cuda.core's as_bytes)
         raise _BadCompileInput(kernel, f"bad compile option: {exc}", "drop the option named above") from None
     return options, key
 

@@ -244,8 +244,8 @@ class CudaGraph:
             exe = self._exec
             if exe is None:
                 raise self._closed_error("record into")
-            shape = topology(nodes)
-            if shape is not None and shape == topology(self._nodes) and exe.update_whole(nodes):
+            shape = topology(nodes, exe.pdl)
+            if shape is not None and shape == topology(self._nodes, exe.pdl) and exe.update_whole(nodes):
                 self.last_update = "whole"
             else:
                 rebuilt = stream.device.backend.build(nodes, stream)
@@ -297,7 +297,7 @@ class CudaGraph:
         """The edges that are programmatic (a subset of ``edges``; those the CUDA graph keeps are
         programmatic there): between PDL kernels, on a GPU of sm_90 or later; empty on the host
         backend, below sm_90 and for ``CudaGraph.scope(stream, pdl=False)`` (see ``scopegraph._pdl``)."""
-        if not getattr(self.executable, "pdl", False):
+        if not self.executable.pdl:
             return []
         return [(d, n.index) for n in self.nodes for d in sorted(n.programmatic)]
 
@@ -311,7 +311,7 @@ class CudaGraph:
         too; a body's entry from its loop or branch node is dotted). ``include_driver=True``
         appends the CUDA driver's own dump of the graph (``cuGraphDebugDotPrint``) where there is a driver."""
         nodes = self.nodes
-        in_effect = bool(getattr(self.executable, "pdl", False))  # programmatic edges, as programmatic_edges
+        in_effect = self.executable.pdl  # programmatic edges, as programmatic_edges
         lines = [f'digraph "graph{self.id}" {{', "  rankdir=TB;", '  node [shape=box, fontname="monospace"];']
         for n in nodes:
             lines.append(f'  n{n.index} [label="{_dot_escape(f"{n.index}: {n.op.label()}")}"];')

@@ -426,10 +426,13 @@ def all_borrows(nodes: Sequence[RecordedNode]) -> Iterable[Borrow]:
 # -- re-recording ------------------------------------------------------------------------
 
 
-def topology(nodes: Sequence[RecordedNode]) -> tuple[tuple[str, frozenset[int], frozenset[int]], ...] | None:
+def topology(
+    nodes: Sequence[RecordedNode], programmatic: bool
+) -> tuple[tuple[str, frozenset[int], frozenset[int]], ...] | None:
     """What a whole-graph update needs to match: each node's kind (as the backends build it) and
-    edges, programmatic ones apart (scopegraph._pdl). None for a graph with device-side loops or
-    branches, which is always instantiated again."""
+    edges, programmatic ones apart (scopegraph._pdl) where the backend makes them (``programmatic``:
+    on the host and below sm_90 the pdl flag changes nothing). None for a graph with device-side
+    loops or branches, which is always instantiated again."""
     shape: list[tuple[str, frozenset[int], frozenset[int]]] = []
     for node in nodes:
         op = node.op
@@ -443,5 +446,5 @@ def topology(nodes: Sequence[RecordedNode]) -> tuple[tuple[str, frozenset[int], 
             return None
         else:
             kind = type(op).__name__
-        shape.append((kind, node.deps, node.programmatic))
+        shape.append((kind, node.deps, node.programmatic if programmatic else frozenset()))
     return tuple(shape)

@@ -217,6 +217,47 @@ def test_editing_a_header_recompiles(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert compiled == ["from_header", "from_header"]
 
 
+@pytest.mark.parametrize("where", ["working directory", "absolute path", "outside the include path"])
+def test_editing_a_header_found_outside_the_include_path_recompiles(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """NVRTC also finds a quoted include in the working directory (a source without a path), by an
+    absolute path, and by `..` from a header in the include path: such headers are in the cache
+    key too (before, the second compile took the stale cubin from the disk cache)."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    monkeypatch.chdir(outside)
+    inc = tmp_path / "inc"
+    inc.mkdir()
+    (inc / "bridge.h").write_text('#include "../outside/value.h"\n')
+    include, options = {
+        "working directory": ('"value.h"', {}),
+        "absolute path": (f'"{outside / "value.h"}"', {}),
+        "outside the include path": ('"bridge.h"', {"include_path": inc}),
+    }[where]
+    source = f'#include {include}\nextern "C" __global__ void from_header(float* out) {{ out[0] = VALUE; }}\n'
+
+    def kernel() -> sg.Kernel:  # type: ignore[type-arg]
+        @sg.kernel(source, options=options)
+        def from_header(out: Mut[Tensor]) -> None: ...
+
+        return from_header
+
+    (outside / "value.h").write_text("#define VALUE 1.0f\n")
+    first = build(kernel())
+    _memory.clear()  # a new process: only the disk cache is left
+    (outside / "value.h").write_text("#define VALUE 3.0f\n")
+    second = build(kernel())
+    assert second.cubin != first.cubin
+
+
+def test_std_is_an_option_like_the_others() -> None:
+    @sg.kernel('extern "C" __global__ void k() {}', options={"std": "c++20"})
+    def k() -> None: ...
+
+    assert build(k).symbols
+
+
 def test_renaming_a_header_recompiles(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The same bytes under other names: inc_one/value.h shadows inc_two/value.h until it is renamed."""
     one, two = _write_headers(tmp_path)
@@ -273,8 +314,10 @@ def test_pre_include_outside_the_include_path_is_hashed(tmp_path: Path) -> None:
         ({"pch": True}, "pch cannot be cached"),
         ({"time": "t.csv"}, "time cannot be cached"),
         ({"use_pch": ""}, "bad compile option"),
-        ({"std": "c++11"}, "bad compile option"),
-        ({"name": "x/y"}, "bad compile option"),
+        ({"name": "x/y"}, "bad compile option: name is scopegraph's to choose"),
+        ({"arch": "sm_80"}, "bad compile option: arch is scopegraph's to choose"),
+        ({"define_macro": 5}, "bad compile option: Expected define_macro"),  # cuda.core's RuntimeError
+        ({"define_macro": ("VALUE",)}, "bad compile option: Expected define_macro"),
         ({"extra_sources": [("a.ll", "b")]}, "extra_sources is only valid"),  # refused by the cache key
     ],
 )

@@ -53,7 +53,7 @@ def test_graph_is_a_cuda_core_graph_with_the_dataflow_edges(cuda: sg.Device) -> 
         exe = graph.executable
         # Read from the driver with the edge data (cuda.core's edges() refuses graphs with programmatic edges).
         edges = exe.driver_edges()  # type: ignore[attr-defined]
-        pdl = exe.pdl  # type: ignore[attr-defined]
+        pdl = exe.pdl
         # fill and add are PDL kernels: programmatic on sm_90+; the memset's edge is a full one.
         assert edges == [(0, 2, pdl), (1, 2, pdl), (2, 3, False)]
         assert graph.edges == [(0, 2), (1, 2), (2, 3)]

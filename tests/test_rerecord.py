@@ -192,6 +192,26 @@ def test_a_program_order_recording_is_a_new_topology(sg_device: sg.Device, sg_st
         assert p.numpy()[0] == 3.0 and q.numpy()[0] == 4.0
 
 
+def test_the_pdl_flag_changes_the_topology_only_where_edges_can_be_programmatic(
+    sg_device: sg.Device, sg_stream: sg.Stream
+) -> None:
+    """DESIGN section 7: on the host backend and below sm_90 the flag changes nothing, so a
+    re-recording with it toggled is still a whole-graph update there."""
+    p = sg_device.zeros((N,), name="p")
+    with CudaGraph.scope(sg_stream, pdl=True) as s:
+        s.record(library.fill_op(p.mut(), 1.0))
+        s.record(library.add_scalar_op(p.mut(), 1.0))
+    with s.graph as graph:
+        programmatic = graph.executable.pdl
+        with CudaGraph.scope(sg_stream, pdl=False, into=graph) as s2:
+            s2.record(library.fill_op(p.mut(), 3.0))
+            s2.record(library.add_scalar_op(p.mut(), 1.0))
+        assert graph.last_update == ("rebuilt" if programmatic else "whole")
+        graph.launch()
+        graph.sync()
+        assert p.numpy()[0] == 4.0
+
+
 def test_bench_update_suite_runs_on_the_host(tmp_path: Path) -> None:
     done = subprocess.run(
         [

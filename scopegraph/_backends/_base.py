@@ -21,6 +21,8 @@ class Executable(Protocol):
     # How many of its node updates were made as whole-graph updates (a driver that refuses node
     # updates inside loop and branch bodies); tells graph.last_update which kind happened.
     whole_updates: int
+    # Whether its edges between PDL kernels are programmatic (sm_90+; scopegraph._pdl).
+    pdl: bool
 
     def launch(self, stream: Stream) -> None: ...
 

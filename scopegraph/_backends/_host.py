@@ -309,6 +309,7 @@ class _HostGraph:
         return True
 
     whole_updates = 0  # node updates are never whole-graph updates here (scopegraph._update.update_executable)
+    pdl = False  # the host backend has no programmatic edges
 
 
 class HostBackend:
