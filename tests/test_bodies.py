@@ -26,6 +26,7 @@ from .helpers import assert_stream_usable, child_env, pinned
 from .test_capture import foreign_scale
 from .test_collectives import free_port, run_ranks
 from .test_control import collatz, copy_int
+from .test_params import spy
 
 NDArray = np.ndarray[Any, np.dtype[Any]]
 N = 256
@@ -353,25 +354,24 @@ def fresh_param_run(dev: sg.Device, x0: NDArray, y0: NDArray, a: float, b: float
     return x.numpy(), y.numpy()
 
 
-def test_parameters_in_bodies_give_a_fresh_graphs_results(sg_device: sg.Device, sg_stream: sg.Stream) -> None:
-    rng = np.random.default_rng(5)
+def param_graph(
+    sg_device: sg.Device, sg_stream: sg.Stream, seed: int
+) -> tuple[CudaGraph, NDArray, NDArray, sg.Tensor, sg.Tensor]:
+    """param_program recorded on random inputs: the graph, the inputs, and x and y."""
+    rng = np.random.default_rng(seed)
     x0, y0 = rng.integers(-8, 8, N).astype(np.float32), rng.integers(-8, 8, N).astype(np.float32)
     x, y = sg_device.from_numpy(x0, name="x"), sg_device.from_numpy(y0, name="y")
     flag, cond = sg_device.zeros((1,), sg.i32, name="flag"), i32(sg_device, 1, "cond")
     a, b = sg.Param("a", sg.f32, 1.0), sg.Param("b", sg.f32, 2.0)
     with CudaGraph.scope(sg_stream) as s:
         param_program(s, x, y, flag, cond, a, b)
-    graph = s.graph
+    return s.graph, x0, y0, x, y
+
+
+def test_parameters_in_bodies_give_a_fresh_graphs_results(sg_device: sg.Device, sg_stream: sg.Stream) -> None:
+    graph, x0, y0, x, y = param_graph(sg_device, sg_stream, 5)
     assert graph.params == {"a": np.float32(1.0), "b": np.float32(2.0)}
-    exe = graph.executable
-    calls: list[int] = []
-    original = exe.update_node
-
-    def update_node(index: int, op: sg.GraphNode, values: Any) -> None:
-        calls.append(index)
-        original(index, op, values)
-
-    setattr(exe, "update_node", update_node)  # noqa: B010  (a method of a Protocol-typed object)
+    calls = spy(graph)
     # slots: 0-3 the graph's nodes (2: the loop), 4-6 the loop body (5: the branch), 7 the branch's node
     for step, (va, vb) in enumerate([(1.0, 2.0), (0.5, 2.0), (0.5, -3.0), (2.0, 4.0), (2.0, 4.0)]):
         sg_stream.run(sg.memcpy(x.mut(), sg_device.from_numpy(x0)))
@@ -396,14 +396,7 @@ def test_where_the_driver_refuses_node_updates_in_bodies_a_whole_graph_update_ta
     conditional handles), which also carries every node update made before it: none is lost."""
     sg_device = sg.device("cuda")
     sg_stream = sg_device.stream()
-    rng = np.random.default_rng(6)
-    x0, y0 = rng.integers(-8, 8, N).astype(np.float32), rng.integers(-8, 8, N).astype(np.float32)
-    x, y = sg_device.from_numpy(x0, name="x"), sg_device.from_numpy(y0, name="y")
-    flag, cond = sg_device.zeros((1,), sg.i32, name="flag"), i32(sg_device, 1, "cond")
-    a, b = sg.Param("a", sg.f32, 1.0), sg.Param("b", sg.f32, 2.0)
-    with CudaGraph.scope(sg_stream) as s:
-        param_program(s, x, y, flag, cond, a, b)
-    graph = s.graph
+    graph, x0, y0, x, y = param_graph(sg_device, sg_stream, 6)
     exe: Any = graph.executable
 
     class Refusing:
