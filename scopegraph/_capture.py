@@ -631,7 +631,8 @@ class Region:
         self.torch_stream: Any = None
         self.node: RecordedNode | None = None
         self._capture: _CoreCapture | _TorchCapture | None = None
-        self._frees_deferred_by: CudaBackend | None = None  # holds frees back while this region captures
+        # The backend holding frees back while this region captures, and the capturing thread.
+        self._frees_deferred_by: tuple[CudaBackend, int] | None = None
         self._cupy: Any = None
         self._entered = False
 
@@ -690,8 +691,8 @@ class Region:
                 else:
                     self._capture = _CoreCapture(backend, self.mode)
                 self._refuse_cupy_allocations()
-                backend.defer_frees()  # before the capture begins: a collection may run inside begin()
-                self._frees_deferred_by = backend
+                # before the capture begins: a collection may run inside begin()
+                self._frees_deferred_by = (backend, backend.defer_frees())
                 self._capture.begin()
             except BaseException as exc:
                 self._restore_cupy()
@@ -805,9 +806,10 @@ class Region:
             self._cupy = None
 
     def _resume_frees(self) -> None:
-        backend, self._frees_deferred_by = self._frees_deferred_by, None
-        if backend is not None:
-            backend.resume_frees()
+        deferred, self._frees_deferred_by = self._frees_deferred_by, None
+        if deferred is not None:
+            backend, thread = deferred
+            backend.resume_frees(thread)
 
     def _restore_cupy(self) -> None:
         context, self._cupy = self._cupy, None

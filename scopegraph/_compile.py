@@ -96,7 +96,7 @@ def _path_list(kernel: Kernel[Any], name: str, value: object) -> list[str]:
     return [str(p) for p in paths]
 
 
-def _header_digest(kernel: Kernel[Any], include_path: list[str], pre_include: list[str], reached: list[Path]) -> bytes:
+def _header_digest(kernel: Kernel[Any], include_path: list[str], pre_include: list[str], reached: list[str]) -> bytes:
     """SHA-256 over every file under each include directory (sorted relative path and bytes), the
     pre-included names (with the file's bytes where the name is a file outside them) and the
     headers included from elsewhere (``_reached_headers``: path and bytes)."""
@@ -128,10 +128,10 @@ def _header_digest(kernel: Kernel[Any], include_path: list[str], pre_include: li
                 f"cannot read the headers under include_path {directory!r}: {exc}",
                 "make every file under the include directories readable, or point include_path at a narrower directory",
             ) from None
-    for file in reached:
-        put("header", str(file).encode())
+    for header in reached:
+        put("header", header.encode())
         try:
-            put("header_bytes", file.read_bytes())
+            put("header_bytes", Path(header).read_bytes())
         except OSError:
             continue  # gone since it was found: NVRTC will say so
     for name in pre_include:
@@ -149,30 +149,46 @@ def _header_digest(kernel: Kernel[Any], include_path: list[str], pre_include: li
 _INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*(?:"([^"\n]+)"|<([^>\n]+)>)', re.M)
 
 
-def _reached_headers(source: str, include_path: list[str], from_cwd: bool) -> list[Path]:
-    """The header files the preprocessor would open for ``source``, followed through the headers
-    themselves, where they lie outside the include directories (whose whole contents are hashed
-    anyway): a quoted include found from the working directory (NVRTC's directory for a source
-    without a path, unless no_source_include), an absolute one, or one reached with ``..``.
-    Conditional compilation is ignored: a header named under an #if that is off is hashed too."""
-    roots = [Path(d).resolve() for d in include_path]
-    found: dict[Path, None] = {}
-    seen: set[Path] = set()
-    pending: list[tuple[str, Path | None]] = [(source, Path.cwd() if from_cwd else None)]
+def _reached_headers(source: str, include_path: list[str], pre_include: list[str], from_cwd: bool) -> list[str]:
+    """The header files the preprocessor would open for ``source`` (and the ``pre_include``
+    headers), followed through the headers themselves, where they lie outside the include
+    directories (whose whole contents are hashed anyway): a quoted include found from the working
+    directory (NVRTC's directory for a source without a path, unless no_source_include), an
+    absolute one, or one reached with ``..``. Conditional compilation is ignored (a header under an
+    #if that is off is hashed too); a computed include (``#include MACRO``) is not followed."""
+    roots = [os.path.realpath(d) + os.sep for d in include_path]
+    try:
+        cwd: str | None = os.getcwd() if from_cwd else None
+    except OSError:  # the working directory was removed: NVRTC cannot search it either
+        cwd = None
+    found: dict[str, None] = {}
+    seen: set[str] = set()
+    pending: list[tuple[str, str | None]] = [(source, cwd)]
+    pending += [(f'#include "{name}"', cwd) for name in pre_include]
+
+    def located(name: str, places: list[str]) -> str | None:
+        for place in places:
+            try:
+                path = os.path.realpath(os.path.join(place, name))
+                if path in seen or os.path.isfile(path):
+                    return path
+            except (OSError, ValueError):  # a name too long, a NUL byte: NVRTC will say so
+                continue
+        return None
+
     while pending:
         text, here = pending.pop()
         for quoted, angled in _INCLUDE.findall(text):
-            name = quoted or angled
-            places = ([here] if quoted and here is not None else []) + [Path(d) for d in include_path]
-            candidates = [Path(name)] if Path(name).is_absolute() else [p / name for p in places]
-            file = next((c.resolve() for c in candidates if c.is_file()), None)
+            places = ([here] if quoted and here is not None else []) + include_path
+            file = located(quoted or angled, [""] if os.path.isabs(quoted or angled) else places)
             if file is None or file in seen:
                 continue  # a system header (or one NVRTC reports missing), or seen already
             seen.add(file)
-            if not any(file.is_relative_to(root) for root in roots):
+            if not any(file.startswith(root) for root in roots):
                 found[file] = None
             try:
-                pending.append((file.read_text(errors="replace"), file.parent))
+                with open(file, encoding="utf-8", errors="replace") as header:
+                    pending.append((header.read(), os.path.dirname(file)))
             except OSError:
                 continue  # unreadable: NVRTC will say so
     return list(found)
@@ -205,7 +221,8 @@ def _options(kernel: Kernel[Any], arch: str) -> tuple[ProgramOptions, bytes | No
             f"bad compile option: {', '.join(chosen)} is scopegraph's to choose",
             "drop it: the architecture is the GPU's (or compile_kernel's arch=), the name the kernel's",
         )
-    given.setdefault("std", "c++17")
+    if given.get("std") is None:
+        given["std"] = "c++17"
     try:
         options = ProgramOptions(arch=arch, name=kernel.cpp_name, **given)
     except (TypeError, ValueError, RuntimeError) as exc:
@@ -214,7 +231,7 @@ def _options(kernel: Kernel[Any], arch: str) -> tuple[ProgramOptions, bytes | No
             f"bad compile option: {exc}",
             "use the fields of cuda.core.ProgramOptions, e.g. {'use_fast_math': True}",
         ) from None
-    reached = _reached_headers(kernel.source, include_path, not given.get("no_source_include"))
+    reached = _reached_headers(kernel.source, include_path, pre_include, not given.get("no_source_include"))
     extra = (
         _header_digest(kernel, include_path, pre_include, reached) if include_path or pre_include or reached else None
     )

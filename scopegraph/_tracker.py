@@ -15,10 +15,10 @@ O(log n + k) for k segments touched, never a scan of earlier ops. Accesses to ex
 segment (the common case: an op that uses whole tensors) are plain dict hits.
 
 Readers are a persistent linked list, so splitting a segment shares its readers for free. When
-a write must wait for more than :data:`JOIN_THRESHOLD` readers, the tracker adds a *join* node
-that waits for them, remembers it on the list, and later writes to any piece of that memory wait
-for the join alone: many readers meeting one writer cost one join node and one edge per reader,
-not one edge per reader per write.
+a second write must wait for more than :data:`JOIN_THRESHOLD` readers of one list (the first
+waits for each of them), the tracker adds a *join* node that waits for them, remembers it on the
+list, and later writes to any piece of that memory wait for the join alone: many readers meeting
+many writes cost one join node and one edge per reader, not one edge per reader per write.
 """
 
 from __future__ import annotations
@@ -30,22 +30,25 @@ from sortedcontainers import SortedDict
 from ._borrow import Borrow
 from ._intervals import overlapping
 
-# A write that must wait for more readers than this waits for a join node instead. High enough that
-# ordinary programs see only their own ops in graph.nodes, with each write's edges to its readers
-# (DESIGN section 4), low enough that thousands of readers meeting many writes stay cheap.
-JOIN_THRESHOLD = 64
+# A second write that must wait for more readers than this (the same ones as an earlier write:
+# pieces of memory they read) waits for a join node instead. The first write waits for each reader
+# itself, so a program with one write after its readers sees only its own ops in graph.nodes, with
+# the write's edges to its readers (DESIGN section 4).
+JOIN_THRESHOLD = 8
 
 
 class _Readers:
     """A reader node and the readers before it (shared between segments split from one)."""
 
-    __slots__ = ("join", "node", "rest")
+    __slots__ = ("join", "node", "rest", "walked")
 
     def __init__(self, node: int, rest: _Readers | None) -> None:
         self.node = node
         self.rest = rest
         # A join node that waits for this reader and every one behind it, once one is made.
         self.join = -1
+        # Whether a write already waited for these readers one by one (the next one makes the join).
+        self.walked = False
 
 
 class _Segment:
@@ -137,7 +140,10 @@ class DataflowTracker:
                 break
             collected.append(head.node)
             head = head.rest
-        if len(collected) > JOIN_THRESHOLD:
+        if len(collected) > JOIN_THRESHOLD and not readers.walked:
+            readers.walked = True
+            deps.update(collected)
+        elif len(collected) > JOIN_THRESHOLD:
             join = self.count
             self.count += 1
             self._add_join(join, frozenset(collected))

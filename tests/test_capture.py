@@ -6,9 +6,12 @@ without the library."""
 
 from __future__ import annotations
 
+import collections
 import functools
 import gc
 import re
+import threading
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -218,6 +221,37 @@ def test_memory_dropped_while_a_region_captures_is_freed_after_it(sg_stream: sg.
         graph.launch()
         np.testing.assert_array_equal(y.numpy(), np.full(256, 6.0))
     assert_stream_usable(sg_stream)
+
+
+def test_frees_a_capture_deferred_are_made_when_it_ends_on_any_thread() -> None:
+    """The CUDA backend's deferral with stand-ins (so CI runs it): frees on the capturing thread
+    wait for the capture's end, which may come on another thread (before, the count lived in the
+    entering thread's locals: the exit raised, and that thread deferred every later free)."""
+    from scopegraph._backends._cuda import CudaBackend
+
+    freed: list[object] = []
+
+    class Storage:
+        def close(self, stream: object) -> None:
+            freed.append(self)
+
+    backend: Any = object.__new__(CudaBackend)
+    backend.__dict__.update(
+        _deferred=collections.deque(),
+        _deferring={},
+        _deferring_lock=threading.Lock(),
+        memory_stream=types.SimpleNamespace(wait=lambda stream: None),
+        make_current=lambda: None,
+    )
+    capturing = backend.defer_frees()
+    backend.retire(Storage(), set(), False)
+    assert freed == [] and len(backend._deferred) == 1
+    ender = threading.Thread(target=backend.resume_frees, args=(capturing,))
+    ender.start()
+    ender.join()
+    assert len(freed) == 1 and backend._deferring == {}
+    backend.retire(Storage(), set(), False)  # this thread captures no more: freed at once
+    assert len(freed) == 2
 
 
 def test_the_host_backend_needs_a_host_callable() -> None:

@@ -217,7 +217,9 @@ def test_editing_a_header_recompiles(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert compiled == ["from_header", "from_header"]
 
 
-@pytest.mark.parametrize("where", ["working directory", "absolute path", "outside the include path"])
+@pytest.mark.parametrize(
+    "where", ["working directory", "absolute path", "outside the include path", "through a pre_include"]
+)
 def test_editing_a_header_found_outside_the_include_path_recompiles(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
 ) -> None:
@@ -230,12 +232,16 @@ def test_editing_a_header_found_outside_the_include_path_recompiles(
     inc = tmp_path / "inc"
     inc.mkdir()
     (inc / "bridge.h").write_text('#include "../outside/value.h"\n')
-    include, options = {
+    cases: dict[str, tuple[str, dict[str, object]]] = {
         "working directory": ('"value.h"', {}),
         "absolute path": (f'"{outside / "value.h"}"', {}),
         "outside the include path": ('"bridge.h"', {"include_path": inc}),
-    }[where]
-    source = f'#include {include}\nextern "C" __global__ void from_header(float* out) {{ out[0] = VALUE; }}\n'
+        "through a pre_include": ("", {"pre_include": str(inc / "bridge.h")}),
+    }
+    include, options = cases[where]
+    source = (f"#include {include}\n" if include else "") + (
+        'extern "C" __global__ void from_header(float* out) { out[0] = VALUE; }\n'
+    )
 
     def kernel() -> sg.Kernel:  # type: ignore[type-arg]
         @sg.kernel(source, options=options)
@@ -249,6 +255,27 @@ def test_editing_a_header_found_outside_the_include_path_recompiles(
     (outside / "value.h").write_text("#define VALUE 3.0f\n")
     second = build(kernel())
     assert second.cubin != first.cubin
+
+
+@pytest.mark.parametrize("trouble", ["removed working directory", "include name too long"])
+def test_a_header_search_that_meets_os_trouble_leaves_it_to_nvrtc(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, trouble: str
+) -> None:
+    """The cache key's header search never raises OSError itself (before: FileNotFoundError for a
+    removed working directory even without any include, ENAMETOOLONG for a long name)."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    if trouble == "removed working directory":
+        gone.rmdir()
+        source = 'extern "C" __global__ void k() {}'
+    else:
+        source = '#if 0\n#include "' + "a" * 300 + '.h"\n#endif\nextern "C" __global__ void k() {}'
+
+    @sg.kernel(source)
+    def k() -> None: ...
+
+    assert build(k).symbols
 
 
 def test_std_is_an_option_like_the_others() -> None:

@@ -159,27 +159,31 @@ def test_the_property_check_fails_for_wrong_trackers() -> None:
     assert dag_violations(ops, deps) == [] and deps == [frozenset(), frozenset(), frozenset({0})]
 
 
-def test_a_write_after_dozens_of_readers_waits_for_each_of_them(sg_device: sg.Device, sg_stream: sg.Stream) -> None:
-    """DESIGN section 4: a write depends on the last readers of what it writes. Up to 64 readers
-    that is literal (no join node in graph.nodes); past that, one join stands for them."""
-    x = sg_device.zeros((4,), name="x")
-    outs = sg_device.zeros((65, 4), name="outs")
-    for readers, joined in ((64, False), (65, True)):
-        with CudaGraph.scope(sg_stream) as s:
-            reads = [s.record(sg.memcpy(outs[i].mut(), x)) for i in range(readers)]
-            write = s.record(sg.memset(x.mut(), 1.0))
-        with s.graph as graph:
-            joins = [n for n in graph.nodes if isinstance(n.op, sg.Join)]
-            if joined:
-                assert len(joins) == 1 and write.deps == {joins[0].index}
-            else:
-                assert joins == [] and len(graph.nodes) == readers + 1
-                assert write.deps == {r.index for r in reads}
+def test_a_write_after_many_readers_waits_for_each_of_them(sg_device: sg.Device, sg_stream: sg.Stream) -> None:
+    """DESIGN section 4: a write depends on the last readers of what it writes, literally (no join
+    node in graph.nodes), however many there are; a second write after those readers (another
+    piece of the memory they read) waits for one join that stands for them."""
+    x = sg_device.zeros((2, 4), name="x")
+    outs = sg_device.zeros((100, 8), name="outs")
+    with CudaGraph.scope(sg_stream) as s:
+        reads = [s.record(sg.memcpy(outs[i].mut(), x.view((8,)))) for i in range(100)]
+        first = s.record(sg.memset(x[0].mut(), 1.0))
+    with s.graph as graph:
+        assert first.deps == {r.index for r in reads} and len(graph.nodes) == 101
+    with CudaGraph.scope(sg_stream) as s:
+        reads = [s.record(sg.memcpy(outs[i].mut(), x.view((8,)))) for i in range(100)]
+        first = s.record(sg.memset(x[0].mut(), 1.0))
+        second = s.record(sg.memset(x[1].mut(), 2.0))
+    with s.graph as graph:
+        (join,) = [n for n in graph.nodes if isinstance(n.op, sg.Join)]
+        assert first.deps == {r.index for r in reads} and second.deps == {join.index}
+        assert join.deps == {r.index for r in reads}
 
 
 def test_many_readers_meet_one_writer_in_a_join(sg_device: sg.Device, sg_stream: sg.Stream) -> None:
-    """2000 readers of x, then small writes of x's rows: the first write waits for one join
-    node (which waits for the readers), every later write for that join alone."""
+    """2000 readers of x, then small writes of x's rows: the first write waits for each reader,
+    the second makes one join node (which waits for the readers), every later write waits for
+    that join alone."""
     x = sg_device.zeros((64, 4), name="x")
     outs = sg_device.full((2000, 256), 5.0, name="outs")
     with CudaGraph.scope(sg_stream) as s:
@@ -189,8 +193,9 @@ def test_many_readers_meet_one_writer_in_a_join(sg_device: sg.Device, sg_stream:
     graph = s.graph
     joins = [n for n in graph.nodes if isinstance(n.op, sg.Join)]
     assert len(joins) == 1 and len(joins[0].deps) == 2000
-    assert [w.deps for w in writes[:2]] == [frozenset({joins[0].index})] * 2
-    assert all(len(w.deps) == 1 for w in writes)
+    assert len(writes[0].deps) == 2000  # the first write waits for each reader itself
+    assert [w.deps for w in writes[1:3]] == [frozenset({joins[0].index})] * 2
+    assert all(len(w.deps) == 1 for w in writes[1:])
     graph.launch()
     graph.sync()
     np.testing.assert_array_equal(x.numpy()[:, 0], 1.0)

@@ -371,6 +371,8 @@ class CudaBackend:
         self._graveyard: collections.deque[tuple[list[Event], object]] = collections.deque()
         # What retire was given while a thread captured (defer_frees): freed when the capture ends.
         self._deferred: collections.deque[tuple[object, set[object], bool]] = collections.deque()
+        self._deferring: dict[int, int] = {}  # thread id -> captures open on it
+        self._deferring_lock = threading.Lock()
 
     def make_current(self) -> None:
         """Make this device's primary context current on the calling thread. Always switches:
@@ -413,7 +415,7 @@ class CudaBackend:
         Runs from free() and from garbage collection, so it never raises: if the ordering cannot
         be set up (another thread adding a user meanwhile, a stream already gone), it falls back
         to waiting for the whole device, which is slow but never frees memory early."""
-        if getattr(_current, "deferring", 0):
+        if self._deferring and self._deferring.get(threading.get_ident()):
             self._deferred.append((storage, users, borrowed))
             return
         try:
@@ -431,22 +433,30 @@ class CudaBackend:
         with contextlib.suppress(Exception):
             storage.close(self.memory_stream)  # type: ignore[attr-defined]
 
-    def defer_frees(self) -> None:
+    def defer_frees(self) -> int:
         """While this thread captures foreign work (a captured region), memory that garbage
-        collection lets go of is queued, not freed: retire's stream waits, event records and frees
-        are calls a capture forbids on its thread, and one would invalidate the user's capture."""
-        _current.deferring = getattr(_current, "deferring", 0) + 1
+        collection lets go of on it is queued, not freed: retire's stream waits, event records and
+        frees are calls a capture forbids on its thread, and one would invalidate the user's
+        capture. Returns the thread's id, for resume_frees (which may run on another thread)."""
+        thread = threading.get_ident()
+        with self._deferring_lock:
+            self._deferring[thread] = self._deferring.get(thread, 0) + 1
+        return thread
 
-    def resume_frees(self) -> None:
-        """The capture of defer_frees ended: free what was queued meanwhile."""
-        _current.deferring -= 1
-        if not _current.deferring:
-            while True:
-                try:  # another thread whose capture ended may drain the queue at the same time
-                    storage, users, borrowed = self._deferred.popleft()
-                except IndexError:
-                    return
-                self.retire(storage, users, borrowed)
+    def resume_frees(self, thread: int) -> None:
+        """The capture that defer_frees (on ``thread``) began has ended: free what was queued."""
+        with self._deferring_lock:
+            left = self._deferring.get(thread, 0) - 1
+            if left > 0:
+                self._deferring[thread] = left
+                return
+            self._deferring.pop(thread, None)
+        while True:
+            try:  # another thread whose capture ended may drain the queue at the same time
+                storage, users, borrowed = self._deferred.popleft()
+            except IndexError:
+                return
+            self.retire(storage, users, borrowed)
 
     def _bury(self) -> None:
         """Drop the foreign owners whose users have finished."""
