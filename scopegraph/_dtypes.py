@@ -46,10 +46,11 @@ class DType:
         """``value`` as a numpy scalar of this type (cuda.core passes plain ints as pointers).
 
         Exactness is checked, never left to numpy: an integer type takes integers (or floats with
-        an integral value) in its range, a float type takes any real number that does not
-        overflow it (rounding to the nearest representable value is accepted; 0.1 has no exact
-        binary form in any float type), ``bool`` takes only bools. Anything else is a
-        SignatureError naming ``what``."""
+        an integral value) in its range, a float type takes any float that does not overflow it
+        (rounding to the nearest representable value is accepted: 0.1 has no exact binary form in
+        any float type) and only the integers it holds exactly (16777217 is not an sg.f32: it
+        would become 16777216), ``bool`` takes only bools. Anything else is a SignatureError
+        naming ``what``."""
         kind = self.numpy.kind
         if type(value) is int and kind in "iu":  # the common case, in users' inner loops
             low, high = _INT_RANGE[self.name]
@@ -82,6 +83,8 @@ class DType:
                     np.isinf(value) if isinstance(value, np.floating) else np.isinf(converted)
                 ):
                     problem = f"it overflows {self.spelling} (largest {np.finfo(self.numpy).max})"
+                elif isinstance(value, (int, np.integer)) and int(result) != int(value):
+                    problem = f"it would become {int(result)}"
                 else:
                     return result  # type: ignore[no-any-return]
         if problem:

@@ -126,7 +126,7 @@ class Memcpy(GraphNode):
         if d.nbytes != s.nbytes or (d.dtype is not s.dtype and d.dtype != s.dtype):
             raise SignatureError(
                 diagnostic(
-                    "memcpy sizes differ",
+                    "memcpy sizes differ" if d.nbytes != s.nbytes else "memcpy dtypes differ",
                     [
                         f"`dst` is `{self.dst.name}`: {self.dst.dtype.name}{list(self.dst.shape)}, "
                         f"{self.dst.nbytes} bytes",

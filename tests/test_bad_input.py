@@ -193,6 +193,25 @@ def test_a_huge_int_scalar_is_refused_not_made_infinite() -> None:
     assert_stream_usable(stream)
 
 
+def test_an_int_a_float_type_cannot_hold_exactly_is_refused() -> None:
+    """DESIGN.md section 1: "a scalar its C type cannot hold exactly". 16777217 became 16777216
+    in an f32 (2**53 + 1 in an f64) without a word; a float's own rounding (0.1) stays accepted."""
+    from scopegraph import library
+
+    dev = sg.device("host")
+    stream = dev.stream()
+    x, y = dev.from_numpy(np.ones(4, np.float32), name="x"), dev.zeros((4,), name="y")
+    become = "cannot hold exactly: it would become 16777216"
+    _refused(sg.SignatureError, lambda: library.axpy[1, 32](y.mut(), x, 2**24 + 1, 4), become)
+    _refused(sg.SignatureError, lambda: stream.run(sg.memset(y.mut(), 2**24 + 1)), become)
+    _refused(sg.SignatureError, lambda: sg.Param("a", sg.f32, 2**24 + 1), become)
+    _refused(sg.SignatureError, lambda: dev.full((1,), 2**53 + 1, sg.f64), "it would become 9007199254740992")
+    stream.run(library.axpy[1, 32](y.mut(), x, 2**24, 4))  # exact
+    stream.run(library.axpy[1, 32](y.mut(), x, 0.1, 4))  # a float, rounded as floats are
+    np.testing.assert_array_equal(y.numpy(), np.float32(2**24) + np.float32(0.1))
+    assert_stream_usable(stream)
+
+
 def test_zeros_of_a_bool_tensor_are_false() -> None:
     """DESIGN.md section 1: dev.zeros / sg.zeros take any supported dtype; for bool they refused
     with "the fill value is 0, which sg.bool cannot hold exactly" (and sg.bool is no public name)."""
