@@ -186,7 +186,8 @@ class Memset(GraphNode):
                 diagnostic(
                     f"memset cannot fill `{self.dst.name}` ({self.dst.dtype.name}) with {value!r}",
                     ["the driver fills 1-, 2- or 4-byte patterns; this value's 8 bytes do not repeat"],
-                    help="launch a fill kernel instead (sg.library.fill)",
+                    help=f"fill it with a kernel of your own for {self.dst.dtype.name} (sg.library.fill is for f32), "
+                    "or memset a value whose 8 bytes repeat in 4-byte halves (0, -1)",
                 )
             )
         # The repeating unit the driver writes, as raw bytes.
