@@ -208,7 +208,7 @@ class CudaGraph:
 
     def _set_params(self, exe: Executable, params: Mapping[str, object]) -> None:
         """Update the nodes (in bodies too) that use a parameter whose value changes."""
-        table = self._params or self._param_table()
+        table = self._param_table()
         planned = table.plan(self.id, params)
         if planned is not None:
             values, slots = planned

@@ -23,7 +23,7 @@ from scopegraph._bootstrap import SingleBootstrap
 from scopegraph._driver import cuda_device_count
 
 from .helpers import assert_stream_usable, child_env, pinned
-from .test_capture import foreign_scale
+from .test_capture import foreign_scale, scale_region
 from .test_collectives import free_port, run_ranks
 from .test_control import collatz, copy_int
 from .test_params import spy
@@ -34,17 +34,6 @@ N = 256
 
 def i32(dev: sg.Device, value: int, name: str) -> sg.Tensor:
     return dev.from_numpy(np.array([value], np.int32), name=name)
-
-
-def scale_in(body: sg.Body, out: sg.Tensor, x: sg.Tensor, a: float, name: str = "scale") -> sg.Region:
-    """``out = a * x`` as foreign work captured into ``body`` (cuda.core's own launch on the
-    region's stream; numpy on the host backend)."""
-    with body.capture(
-        reads=[x], writes=[out.mut()], name=name, host=lambda o, i: np.multiply(i, np.float32(a), out=o)
-    ) as region:
-        if region.capturing:
-            foreign_scale(region, out, x, a)
-    return region
 
 
 # -- captured regions in bodies ------------------------------------------------------------------
@@ -62,7 +51,7 @@ def test_a_region_in_a_loop_body_runs_every_iteration(sg_stream: sg.Stream) -> N
         s.record(sg.memset(flag.mut(), 3))
         with s.while_(flag, max_iterations=10) as body:
             body.record(library.add_scalar_op(x.mut(), 1.0))  # x += 1
-            region = scale_in(body, y, x, 2.0)  # y = 2x (foreign)
+            region = scale_region(body, y, x, 2.0)  # y = 2x (foreign)
             body.record(library.axpy_op(acc.mut(), y, 1.0))  # acc += y
             body.record(library.count_down_op(flag.mut()))
         s.record(library.add_scalar_op(y.mut(), 0.5))  # after the loop: it writes what the loop wrote
@@ -89,8 +78,8 @@ def test_a_region_in_a_branch_runs_only_when_the_branch_is_taken(sg_stream: sg.S
     y = dev.zeros((N,), name="y")
     cond = i32(dev, 1, "cond")
     with CudaGraph.scope(sg_stream) as s, s.if_else(cond) as (then, otherwise):
-        scale_in(then, y, x, 3.0, name="triple")
-        scale_in(otherwise, y, x, -1.0, name="negate")
+        scale_region(then, y, x, 3.0, name="triple")
+        scale_region(otherwise, y, x, -1.0, name="negate")
     with s.graph as graph:
         for taken in (1, 0, 1):
             sg_stream.run(sg.memset(cond.mut(), taken))
@@ -763,7 +752,7 @@ def test_a_region_in_a_body_is_not_rebound_and_the_message_names_the_old_tensor(
     with CudaGraph.scope(sg_stream) as s:
         s.record(sg.memset(flag.mut(), 1))
         with s.while_(flag) as body:
-            scale_in(body, y, x, 2.0)
+            scale_region(body, y, x, 2.0)
             body.record(library.count_down_op(flag.mut()))
     with s.graph as graph:
         with pytest.raises(

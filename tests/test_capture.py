@@ -58,7 +58,9 @@ def foreign_scale(region: sg.Region, out: sg.Tensor, x: sg.Tensor, a: float) -> 
     )
 
 
-def scale_region(s: sg.Scope, out: sg.Tensor, x: sg.Tensor, a: float, name: str = "scale") -> sg.Region:
+def scale_region(s: sg.Scope | sg.Body, out: sg.Tensor, x: sg.Tensor, a: float, name: str = "scale") -> sg.Region:
+    """``out = a * x`` as foreign work captured into a scope or a loop or branch body (cuda.core's
+    own launch on the region's stream; numpy on the host backend)."""
     with s.capture(
         reads=[x], writes=[out.mut()], name=name, host=lambda o, i: np.multiply(i, np.float32(a), out=o)
     ) as region:
