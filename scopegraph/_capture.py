@@ -594,12 +594,17 @@ class Region:
         where: tuple[str, int],
     ) -> None:
         self.where = where
-        if via not in VIAS:
+        if type(via) is not str or via not in VIAS:
             raise SignatureError(
                 f'via={via!r} is not a way of capturing\nhelp: use via="cuda" (cuda.core) or via="torch"'
             )
-        if mode not in MODES:
+        if type(mode) is not str or mode not in MODES:
             raise SignatureError(f"mode={mode!r} is not a capture mode\nhelp: use one of {', '.join(MODES)}")
+        if type(name) is not str:
+            raise SignatureError(
+                f"name={name!r} is not a str\n"
+                "help: name the region with a string (messages and the DOT picture show it)"
+            )
         kept = _listed(
             keep,
             "keep",
@@ -692,7 +697,7 @@ class Region:
                     self._capture = _CoreCapture(backend, self.mode)
                 self._refuse_cupy_allocations()
                 # before the capture begins: a collection may run inside begin()
-                self._frees_deferred_by = (backend, backend.defer_frees())
+                self._frees_deferred_by = (backend, backend.defer_frees(every_thread=self.mode == "global"))
                 self._capture.begin()
             except BaseException as exc:
                 self._restore_cupy()

@@ -292,9 +292,9 @@ class Collective(Captured):
         self.kept = []
         self.nodes_captured = 0
         self.writes = [self.dst]
-        self.reads = [] if self.src is self.dst else [self.src]
+        self.reads = [] if src is None else [self.src]
         borrows = [Borrow(self.dst, True, "dst")]
-        if self.src is not self.dst:
+        if src is not None:  # `dst` itself too: in place is src=None (NCCL's sendbuff == recvbuff)
             borrows.append(Borrow(self.src, False, "src"))
         borrows.append(Borrow(comm.token, True, "comm"))
         self._claim(borrows)

@@ -194,10 +194,19 @@ def _reached_headers(source: str, include_path: list[str], pre_include: list[str
     return list(found)
 
 
+_ARCH = re.compile(r"(sm|compute)_\d+[af]?")
+
+
 def _options(kernel: Kernel[Any], arch: str) -> tuple[ProgramOptions, bytes | None]:
     """The ProgramOptions for ``kernel`` and the digest of the headers they pull in (None without any)."""
     from cuda.core import ProgramOptions
 
+    if type(arch) is not str or not _ARCH.fullmatch(arch):
+        raise _BadCompileInput(
+            kernel,
+            f"arch={arch!r} is not a GPU architecture",
+            'name one as NVRTC does: "sm_90" (Hopper), "sm_80", "sm_100a", ...',
+        )
     given: dict[str, Any] = dict(kernel.options)
     refused = [name for name in _UNCACHEABLE if given.get(name) not in (None, False)]
     if refused:

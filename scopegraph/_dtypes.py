@@ -49,7 +49,8 @@ class DType:
         an integral value) in its range, a float type takes any float that does not overflow it
         (rounding to the nearest representable value is accepted: 0.1 has no exact binary form in
         any float type) and only the integers it holds exactly (16777217 is not an sg.f32: it
-        would become 16777216), ``bool`` takes only bools. Anything else is a SignatureError
+        would become 16777216), and no non-zero value that would become 0 (1e-50 in an sg.f32);
+        ``bool`` takes only bools. Anything else is a SignatureError
         naming ``what``."""
         kind = self.numpy.kind
         if type(value) is int and kind in "iu":  # the common case, in users' inner loops
@@ -85,6 +86,8 @@ class DType:
                     problem = f"it overflows {self.spelling} (largest {np.finfo(self.numpy).max})"
                 elif isinstance(value, (int, np.integer)) and int(result) != int(value):
                     problem = f"it would become {int(result)}"
+                elif result == 0 and converted != 0:
+                    problem = f"it underflows to 0 (smallest {np.finfo(self.numpy).smallest_subnormal})"
                 else:
                     return result  # type: ignore[no-any-return]
         if problem:
@@ -117,9 +120,9 @@ class DType:
         return found is self or (self.name, self.numpy, self.ctype) == (found.name, found.numpy, found.ctype)
 
     def __hash__(self) -> int:
-        # Equal DTypes hash alike. The aliases (sg.f32) compare equal but hash as typing objects:
-        # a dict keyed by dtypes should key by DType (sg.float32, or t.dtype), not by the aliases.
-        return hash((self.name, self.numpy, self.ctype))
+        # Equal objects hash alike, the alias that names a dtype included: `sg.f32 in {t.dtype}`.
+        alias = _ALIAS_HASHES.get(self.name)
+        return hash((self.name, self.numpy, self.ctype)) if alias is None else alias
 
     def __repr__(self) -> str:
         return self.spelling
@@ -146,16 +149,34 @@ _INT_RANGE.update(
 )
 _BY_NAME = {d.name: d for d in ALL_DTYPES} | {str(d.numpy): d for d in ALL_DTYPES}
 
-f16 = Annotated[float, float16]
-f32 = Annotated[float, float32]
-f64 = Annotated[float, float64]
-i8 = Annotated[int, int8]
-i16 = Annotated[int, int16]
-i32 = Annotated[int, int32]
-i64 = Annotated[int, int64]
-u8 = Annotated[int, uint8]
-u32 = Annotated[int, uint32]
-u64 = Annotated[int, uint64]
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Names:
+    """What an alias (``sg.f32``) carries: the DType it names. Not the DType itself: typing hashes
+    an alias from its contents, and a DType must hash as its alias does (they compare equal), which
+    it could not do while the alias's hash depended on its own."""
+
+    dtype: DType
+
+    def __repr__(self) -> str:
+        return self.dtype.spelling
+
+
+f16 = Annotated[float, Names(float16)]
+f32 = Annotated[float, Names(float32)]
+f64 = Annotated[float, Names(float64)]
+i8 = Annotated[int, Names(int8)]
+i16 = Annotated[int, Names(int16)]
+i32 = Annotated[int, Names(int32)]
+i64 = Annotated[int, Names(int64)]
+u8 = Annotated[int, Names(uint8)]
+u32 = Annotated[int, Names(uint32)]
+u64 = Annotated[int, Names(uint64)]
+_ALIAS_HASHES: dict[str, int] = {
+    dtype_of_alias.name: hash(alias)
+    for alias in (f16, f32, f64, i8, i16, i32, i64, u8, u32, u64)
+    for dtype_of_alias in [get_args(alias)[1].dtype]
+}
 
 # What a user may pass where a dtype is expected: ``sg.f32`` (mypy sees ``type[float]``),
 # a DType, a numpy dtype, a numpy scalar type (``np.float32``, ``np.bool_``) or a name.
@@ -163,9 +184,11 @@ DTypeLike: TypeAlias = Union[DType, type[float], type[int], type[bool], "type[np
 
 
 def dtype_of_annotation(annotation: object) -> DType | None:
-    """The DType an ``Annotated[..., DType]`` alias carries, or None."""
+    """The DType an alias (``sg.f32``, or a user's ``Annotated[float, sg.float32]``) names, or None."""
     if get_origin(annotation) is Annotated:
         for meta in get_args(annotation)[1:]:
+            if type(meta) is Names:
+                return meta.dtype
             if isinstance(meta, DType):
                 return meta
     return None

@@ -82,7 +82,7 @@ class CompileError(ScopeGraphError):
 
     def __init__(self, kernel_name: str, log: str, options: Iterable[str] = ()) -> None:
         self.kernel_name = kernel_name
-        self.log = log
+        self.log = log = log.replace("\0", "")  # NVRTC's log ends in a C string's NUL
         opts = " ".join(options)
         super().__init__(
             f"NVRTC could not compile kernel `{kernel_name}`"

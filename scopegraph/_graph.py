@@ -49,6 +49,7 @@ class CudaGraph:
         self._stream = stream
         self.order = order
         pin.description = f"graph #{self.id} ({len(nodes)} nodes, built on stream #{stream.id})"
+        pin.recording = False
         self._pin = pin
         # Host streams run work synchronously: only a device with streams needs replay ordering.
         self._ordered = stream.device.is_cuda
@@ -310,6 +311,11 @@ class CudaGraph:
         the tensors that carry the dependency, programmatic edges dashed (in loop and branch bodies
         too; a body's entry from its loop or branch node is dotted). ``include_driver=True``
         appends the CUDA driver's own dump of the graph (``cuGraphDebugDotPrint``) where there is a driver."""
+        if type(include_driver) is not bool:
+            raise SignatureError(
+                f"include_driver={include_driver!r} is not True or False\n"
+                "help: pass include_driver=True for the driver's dump as well, or leave it out"
+            )
         nodes = self.nodes
         in_effect = self.executable.pdl  # programmatic edges, as programmatic_edges
         lines = [f'digraph "graph{self.id}" {{', "  rankdir=TB;", '  node [shape=box, fontname="monospace"];']

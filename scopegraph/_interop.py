@@ -77,6 +77,14 @@ def _wrap_scopegraph(source: Tensor, name: str | None) -> Tensor:
 
 def _wrap_host(obj: Any, name: str | None) -> Tensor:
     arr = np.from_dlpack(obj) if hasattr(obj, "__dlpack__") else np.asarray(obj)
+    if arr is not obj and arr.base is None:  # numpy made new memory (a list, a number): nothing is shared
+        raise SignatureError(
+            diagnostic(
+                f"cannot wrap {type(obj).__name__} as a scopegraph tensor: it has no memory to share, "
+                "so writes to the wrapper would be lost",
+                help="pass an array (numpy, torch, CuPy), or copy the values with dev.from_numpy(np.asarray(obj))",
+            )
+        )
     if not arr.flags.c_contiguous:
         raise _not_contiguous(name)
     dev = device("host")

@@ -28,7 +28,7 @@ from ._dtypes import DType, as_dtype, dtype_of_annotation
 from ._errors import SignatureError, diagnostic
 from ._ops import GraphNode, borrowed_tensor
 from ._params import Param
-from ._tensor import Mut, Tensor
+from ._tensor import MAX_DIMS, Mut, Tensor
 
 P = ParamSpec("P")
 # The kernel's name as a literal str type, for the mypy plugin (see Launcher).
@@ -44,8 +44,22 @@ class TensorSpec:
     dtype: Any = None
     rank: int | None = None
 
+    def __post_init__(self) -> None:
+        # Checked here, so a bad spec is refused where it is written, and specs that say the
+        # same compare and hash alike (TensorSpec(sg.f32) is TensorSpec(sg.float32)).
+        if self.dtype is not None:
+            object.__setattr__(self, "dtype", as_dtype(self.dtype))
+        rank = self.rank
+        if rank is not None and (type(rank) is not int or not 0 <= rank <= MAX_DIMS):
+            raise SignatureError(
+                diagnostic(
+                    f"TensorSpec(rank={rank!r}) is not a rank",
+                    help=f"give the number of dimensions as an int from 0 to {MAX_DIMS}, or leave rank out",
+                )
+            )
+
     def resolved_dtype(self) -> DType | None:
-        return None if self.dtype is None else as_dtype(self.dtype)
+        return self.dtype  # type: ignore[no-any-return]  # a DType or None since __post_init__
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +107,15 @@ def _parse_param(name: str, annotation: object, kernel_name: str) -> KernelParam
     scalar = dtype_of_annotation(annotation)
     if scalar is not None:
         return KernelParam(name, "scalar", scalar, None)
+    if isinstance(annotation, DType):  # sg.float32, the dtype object, where its alias sg.f32 belongs
+        raise SignatureError(
+            diagnostic(
+                f"kernel `{kernel_name}` parameter `{name}` is annotated with a dtype object "
+                f"({annotation.numpy.name}), not a type",
+                ["a scalar parameter's annotation is a type alias, so that mypy sees a float or an int"],
+                help=f"annotate `{name}` with {annotation.spelling}",
+            )
+        )
     raise SignatureError(
         diagnostic(
             f"kernel `{kernel_name}` parameter `{name}` has annotation {annotation!r}",
@@ -401,6 +424,7 @@ class Kernel(Generic[P]):
         key = tuple(_template_arg(a) for a in args)
         inst = self._instances.get(key)
         if inst is None:
+            _check_template_count(self, len(key))
             inst = self._instances[key] = self.rebuilt(template_args=key)
         return inst
 
@@ -549,13 +573,54 @@ def declared_template(source: str, cpp_name: str) -> str | None:
     return found
 
 
+def _check_template_count(kernel: Kernel[Any], given: int) -> None:
+    """generics() with as many arguments as the template declares (those with defaults may be left
+    out), where the source spells the declaration out: the host backend would run any count, and
+    NVRTC refuses the launch only on a GPU."""
+    declared = kernel.template_parameters
+    if declared is None or "..." in declared:  # not readable from the source, or a parameter pack
+        return
+    parameters = _top_level_items(declared[1:-1])
+    required = sum("=" not in p for p in parameters)
+    if not required <= given <= len(parameters):
+        wanted = f"{required}" if required == len(parameters) else f"{required} to {len(parameters)}"
+        raise SignatureError(
+            diagnostic(
+                f"`{kernel.cpp_name}` is declared template {declared}: {wanted} template argument"
+                f"{'' if wanted == '1' else 's'}, and generics() got {given}",
+                help="pass one value per template parameter, in order "
+                "(ints, bools, dtypes such as sg.f32, or C++ text)",
+            )
+        )
+
+
+def _top_level_items(text: str) -> list[str]:
+    """The comma-separated items of ``text``, not splitting inside <>, () or []."""
+    items, depth, start = [], 0, 0
+    for at, char in enumerate(text):
+        depth += {"<": 1, "(": 1, "[": 1, ">": -1, ")": -1, "]": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            items.append(text[start:at])
+            start = at + 1
+    last = text[start:]
+    return [*items, last] if last.strip() or items else []
+
+
 def _template_arg(arg: object) -> str:
-    if isinstance(arg, bool):
+    if isinstance(arg, (bool, np.bool_)):
         return "true" if arg else "false"
     if isinstance(arg, (int, np.integer)):
         return str(int(arg))
     if isinstance(arg, str):
         return arg
+    if isinstance(arg, (float, np.generic)):  # a value that is no int: numpy would read its dtype
+        raise SignatureError(
+            diagnostic(
+                f"template argument {arg!r} is neither an integer nor a type",
+                help="pass an int or bool for a value parameter, a dtype (sg.f32) for a type one, "
+                "or the C++ text of the argument as a str",
+            )
+        )
     return as_dtype(arg).ctype
 
 
@@ -851,10 +916,17 @@ def _make_binder(kernel: Kernel[Any]) -> Callable[..., None]:
                 lines += [f"    if type(a{i}) is int and LO{i} <= a{i} <= HI{i}:", *convert]
                 lines += [f"        x{i} = a{i}"] if p.name in used else []
             elif kind == "f":
-                # Any Python float in [-max, max] converts without overflow (DType.scalar's check).
-                # Zero is left to _scalar: 0.0 == -0.0 as dict keys, but the kernel sees their sign.
+                # Any Python float in [-max, max] converts without overflow (DType.scalar's check);
+                # one that becomes 0 underflowed, and _scalar refuses it. Zero is left to _scalar:
+                # 0.0 == -0.0 as dict keys, but the kernel sees their sign.
                 ns[f"HI{i}"] = float(np.finfo(dtype.numpy).max)
-                lines += [f"    if type(a{i}) is float and -HI{i} <= a{i} <= HI{i} and a{i} != 0.0:", *convert]
+                lines += [
+                    f"    if type(a{i}) is float and -HI{i} <= a{i} <= HI{i} and a{i} != 0.0:",
+                    f"        v{i} = C{i}.get(a{i})",
+                    f"        if v{i} is None:",
+                    f"            v{i} = S{i}(a{i})",
+                    f"            v{i} = cached(C{i}, a{i}, v{i}) if v{i} else op._scalar(P{i}, a{i})",
+                ]
                 lines += [f"        x{i} = v{i}.item()"] if p.name in used else []
             else:
                 lines += ["    if False:", "        pass"]

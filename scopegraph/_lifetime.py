@@ -36,17 +36,28 @@ if TYPE_CHECKING:
 class Pin:
     """What one graph or open scope holds on the allocations it uses.
 
-    ``writes`` lists the absolute ranges it writes, flat (``freeze()`` is refused on them);
+    ``writes`` lists the absolute ranges it writes, flat (``freeze()`` is refused on them, and so is
+    ``numpy()`` while ``recording``: an open scope's writes have not run yet);
     ``pending`` the streams that ran eager work on its memory since its last replay;
     ``replayed_on`` every stream it was replayed on (the release of its memory waits for them);
     ``last_stream`` the stream of its last replay, and ``caught_up`` the streams made to wait for
     that replay since (eager work on its memory comes after it).
     """
 
-    __slots__ = ("allocations", "caught_up", "description", "last_stream", "pending", "replayed_on", "writes")
+    __slots__ = (
+        "allocations",
+        "caught_up",
+        "description",
+        "last_stream",
+        "pending",
+        "recording",
+        "replayed_on",
+        "writes",
+    )
 
-    def __init__(self, description: str) -> None:
+    def __init__(self, description: str, recording: bool = False) -> None:
         self.description = description
+        self.recording = recording  # an open scope's: the graph that takes it over clears it
         self.allocations: dict[int, Allocation] = {}
         # start, end, start, end, ...: flat, so recording an op adds no object that lives on
         # (and ranges, not borrows: a pin must not keep tensors alive).

@@ -126,7 +126,7 @@ class Scope:
         self._nodes: list[RecordedNode] = []
         # Dropped when the scope ends: its join callback refers back to the scope.
         self._tracker: DataflowTracker | ProgramOrderTracker | None = tracker(self._add_join)
-        self._pin = Pin(f"the open scope at {opened_at}")
+        self._pin = Pin(f"the open scope at {opened_at}", recording=True)
         self._where = ("", 0)
         self._where_code: object = None  # the code object of the last record's caller
         self._state = _State.NEW

@@ -14,7 +14,15 @@ from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar, final
 
 import numpy as np
 
-from ._errors import BorrowError, BoundsError, FrozenExportError, LifetimeError, SignatureError, diagnostic
+from ._errors import (
+    BorrowError,
+    BoundsError,
+    FrozenExportError,
+    LifetimeError,
+    ScopeStateError,
+    SignatureError,
+    diagnostic,
+)
 
 if TYPE_CHECKING:
     from ._allocation import Allocation
@@ -272,9 +280,26 @@ class Tensor:
     # -- host copies ---------------------------------------------------------------------
 
     def numpy(self) -> np.ndarray[Any, np.dtype[Any]]:
-        """A host copy of the contents; waits for pending device work first."""
+        """A host copy of the contents; waits for pending device work first. Refused while an open
+        scope records a write to them: that write runs only when its graph is launched."""
         self.check_alive()
-        raw = self.device.backend.read(self._alloc, self.offset, self.nbytes)
+        alloc = self._alloc
+        if alloc.pins or len(alloc.region.members) > 1:
+            start = alloc.address + self.offset
+            for alias in alloc.aliases():
+                for pin in alias.pins.values():
+                    if pin.recording and pin.writes_to(start, start + self.nbytes):
+                        raise ScopeStateError(
+                            diagnostic(
+                                f"cannot read `{self.name}` with numpy(): {pin.description} records a write to it",
+                                [
+                                    "recorded ops run when the graph is launched, not now: this copy "
+                                    "would hold the contents from before the graph"
+                                ],
+                                help="read it after `graph.launch()` and `graph.sync()`, or before the scope",
+                            )
+                        )
+        raw = self.device.backend.read(alloc, self.offset, self.nbytes)
         return raw.view(self.dtype.numpy).reshape(self.shape)
 
     # -- interop -------------------------------------------------------------------------
@@ -350,6 +375,13 @@ def check_name(name: object, where: str) -> None:
             diagnostic(
                 f"{where} got name={name!r} ({type(name).__name__}); a tensor's name is a string",
                 help=f"pass name={str(name)!r}, or leave name out",
+            )
+        )
+    if name is not None and not name.strip():
+        raise SignatureError(
+            diagnostic(
+                f"{where} got name={name!r}: error messages and DOT pictures would show nothing",
+                help="pass a name with something in it, or leave name out for one made from the shape and dtype",
             )
         )
 

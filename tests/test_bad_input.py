@@ -168,6 +168,43 @@ def test_dtype_aliases_compare_equal_to_their_dtypes() -> None:
     assert t.dtype == sg.f32 and sg.f32 == t.dtype and t.dtype != sg.i32 and t.dtype == sg.float32
     assert t.dtype != "f32" and t.dtype != 3 and t.dtype != float  # only dtypes and their aliases
     assert len({sg.float32, t.dtype, sg.int32}) == 2  # hashing follows equality among DTypes
+    # ... and between a dtype and its alias: sets and dicts keyed by either find the other
+    assert all(hash(alias) == hash(dtype) for alias, dtype in aliases.items())
+    keyed: dict[object, str] = {sg.f32: "float"}
+    assert t.dtype in {sg.f32, sg.f64} and keyed[t.dtype] == "float" and len({sg.f32, t.dtype}) == 1
+    assert sg.TensorSpec(sg.f32, rank=1) == sg.TensorSpec(sg.float32, rank=1)
+    assert len({sg.TensorSpec(sg.f32), sg.TensorSpec(sg.float32), sg.TensorSpec("float32")}) == 1
+
+
+@pytest.mark.parametrize(
+    ("spec", "match"),
+    [
+        ({"rank": "a"}, r"TensorSpec\(rank='a'\) is not a rank"),
+        ({"rank": 1.5}, r"TensorSpec\(rank=1.5\) is not a rank"),
+        ({"rank": -1}, r"TensorSpec\(rank=-1\) is not a rank"),
+        ({"rank": True}, r"TensorSpec\(rank=True\) is not a rank"),
+        ({"dtype": "banana"}, r"`'banana'` is not a dtype scopegraph supports"),
+    ],
+)
+def test_a_bad_tensor_spec_is_refused_where_it_is_written(spec: dict[str, object], match: str) -> None:
+    """A rank that is no count of dimensions escaped as numpy's ValueError at the first launch
+    (rank="a"), was truncated (1.5) or made a kernel no launch could match (-1)."""
+    with pytest.raises(sg.SignatureError, match=match) as info:
+        sg.TensorSpec(**spec)  # type: ignore[arg-type]
+    assert "help: " in str(info.value)
+
+
+def test_array_valued_flags_are_signature_errors() -> None:
+    """numpy's "truth value of an array is ambiguous" escaped from these flags."""
+    dev = sg.device("host")
+    stream, y = dev.stream(), dev.zeros((4,), name="y")
+    with CudaGraph.scope(stream) as s:
+        s.record(sg.memset(y.mut(), 1.0))
+        for flags in ({"via": np.array([1, 2])}, {"mode": np.array([1, 2])}, {"name": 3}):
+            with pytest.raises(sg.SignatureError, match=r"via=|mode=|name=3 is not a str"):
+                s.capture(writes=[y.mut()], host=lambda y: None, **flags)
+    with s.graph as graph, pytest.raises(sg.SignatureError, match="include_driver=array"):
+        graph.to_dot(include_driver=np.array([1, 2]))  # type: ignore[arg-type]
 
 
 def test_a_huge_int_scalar_is_refused_not_made_infinite() -> None:
@@ -206,9 +243,13 @@ def test_an_int_a_float_type_cannot_hold_exactly_is_refused() -> None:
     _refused(sg.SignatureError, lambda: stream.run(sg.memset(y.mut(), 2**24 + 1)), become)
     _refused(sg.SignatureError, lambda: sg.Param("a", sg.f32, 2**24 + 1), become)
     _refused(sg.SignatureError, lambda: dev.full((1,), 2**53 + 1, sg.f64), "it would become 9007199254740992")
+    under = "cannot hold exactly: it underflows to 0"
+    _refused(sg.SignatureError, lambda: library.axpy[1, 32](y.mut(), x, 1e-50, 4), under)
+    _refused(sg.SignatureError, lambda: dev.full((1,), -1e-46), under)
     stream.run(library.axpy[1, 32](y.mut(), x, 2**24, 4))  # exact
     stream.run(library.axpy[1, 32](y.mut(), x, 0.1, 4))  # a float, rounded as floats are
-    np.testing.assert_array_equal(y.numpy(), np.float32(2**24) + np.float32(0.1))
+    stream.run(library.axpy[1, 32](y.mut(), x, 1e-40, 4))  # subnormal: rounded, not lost
+    np.testing.assert_array_equal(y.numpy(), np.float32(2**24) + np.float32(0.1) + np.float32(1e-40))
     assert_stream_usable(stream)
 
 
@@ -249,7 +290,13 @@ def test_bad_constructor_arguments_are_signature_errors() -> None:
     _refused(sg.SignatureError, lambda: dev.zeros((2,), "i4,,"), "not a dtype")
     _refused(sg.SignatureError, lambda: stream.run(sg.zeros((2,), "i4,,")), "not a dtype")
     x = dev.zeros((4,), name="x")
-    name: Any = 5
+    for name, message in ((5, "name=5"), ("", "name='': error messages and DOT pictures would show nothing")):
+        _refused_names(dev, x, name, message)
+    assert x.name == "x" and x.numpy().sum() == 0
+    assert_stream_usable(stream)
+
+
+def _refused_names(dev: sg.Device, x: sg.Tensor, name: Any, message: str) -> None:
     for make in (
         lambda: dev.zeros((4,), name=name),
         lambda: dev.empty((4,), name=name),
@@ -263,9 +310,7 @@ def test_bad_constructor_arguments_are_signature_errors() -> None:
         lambda: x.view((2, 2), name=name),
         lambda: sg.Tensor.from_dlpack(np.zeros(4, np.float32), name=name),
     ):
-        _refused(sg.SignatureError, make, "name=5")
-    assert x.name == "x" and x.numpy().sum() == 0
-    assert_stream_usable(stream)
+        _refused(sg.SignatureError, make, message)
 
 
 def test_a_failed_host_allocation_is_an_out_of_memory_cuda_error(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -455,3 +500,16 @@ def test_a_host_seed_that_is_no_number_is_named_not_ignored(value: str, warned: 
     else:
         assert done.stderr == ""
         assert value == "" or seed == value
+
+
+@pytest.mark.parametrize("obj", [3, [1.0, 2.0], range(3)], ids=["int", "list", "range"])
+def test_wrapping_what_has_no_memory_to_share_is_refused(obj: object) -> None:
+    """from_dlpack wraps memory without a copy; numpy's asarray of a list or a number made a new
+    array, so the "wrapper" was a copy and writes to it were lost."""
+    with pytest.raises(sg.SignatureError, match="has no memory to share") as info:
+        sg.Tensor.from_dlpack(obj)
+    assert "dev.from_numpy" in str(info.value)
+    shared = np.zeros(4, np.float32)
+    t = sg.Tensor.from_dlpack(memoryview(shared))  # type: ignore[arg-type]  # a buffer is shared memory: wrapped
+    sg.device("host").stream().run(sg.memset(t.mut(), 2.0))
+    np.testing.assert_array_equal(shared, np.full(4, 2.0, np.float32))

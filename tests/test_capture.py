@@ -225,6 +225,32 @@ def test_memory_dropped_while_a_region_captures_is_freed_after_it(sg_stream: sg.
     assert_stream_usable(sg_stream)
 
 
+@pytest.mark.sg_cuda
+def test_memory_another_thread_drops_during_a_global_capture_is_freed_after_it() -> None:
+    """A capture in mode "global" forbids the event records and queries of a free on every thread,
+    not only on its own: foreign memory that another thread lets go of meanwhile (its free records
+    an event on each stream that used it and asks which have passed) is freed at the capture's end."""
+    torch = pytest.importorskip("torch")
+    dev = sg.device("cuda")
+    stream = dev.stream()
+    x, y = dev.full((256,), 3.0, name="x"), dev.zeros((256,), name="y")
+    dropped = [sg.Tensor.from_dlpack(torch.zeros(1 << 20, device="cuda"), name="dropped")]
+    stream.run(sg.memset(dropped[0].mut(), 0.0))
+    stream.sync()
+    with CudaGraph.scope(stream) as s:
+        with s.capture(reads=[x], writes=[y.mut()], mode="global") as region:
+            foreign_scale(region, y, x, 1.0)
+            dropper = threading.Thread(target=lambda: (dropped.pop(), gc.collect()))
+            dropper.start()
+            dropper.join()
+            foreign_scale(region, y, y, 2.0)
+        assert not dev.backend._deferred  # type: ignore[attr-defined]  # freed when the capture ended
+    with s.graph as graph:
+        graph.launch()
+        np.testing.assert_array_equal(y.numpy(), np.full(256, 6.0))
+    assert_stream_usable(stream)
+
+
 def test_frees_a_capture_deferred_are_made_when_it_ends_on_any_thread() -> None:
     """The CUDA backend's deferral with stand-ins (so CI runs it): frees on the capturing thread
     wait for the capture's end, which may come on another thread (before, the count lived in the
@@ -254,6 +280,13 @@ def test_frees_a_capture_deferred_are_made_when_it_ends_on_any_thread() -> None:
     assert len(freed) == 1 and backend._deferring == {}
     backend.retire(Storage(), set(), False)  # this thread captures no more: freed at once
     assert len(freed) == 2
+    everywhere = backend.defer_frees(every_thread=True)  # a capture in mode "global"
+    other = threading.Thread(target=backend.retire, args=(Storage(), set(), False))
+    other.start()
+    other.join()
+    assert len(freed) == 2 and len(backend._deferred) == 1
+    backend.resume_frees(everywhere)
+    assert len(freed) == 3 and backend._deferring == {}
 
 
 def test_the_host_backend_needs_a_host_callable() -> None:

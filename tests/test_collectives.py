@@ -240,6 +240,11 @@ def test_aliasing_in_a_collective_is_a_borrow_error() -> None:
     x = comm.device.zeros((8,), name="x")
     with pytest.raises(sg.BorrowError, match="cannot borrow `x\\[2:6\\]` as immutable"):
         comm.all_reduce(x[0:4].mut(), src=x[2:6])
+    # The whole tensor as both (it was taken as in place, which is src=None): the same rule.
+    for src in (x, x[:]):
+        with pytest.raises(sg.BorrowError, match=r"cannot borrow `x.*` as immutable"):
+            comm.all_reduce(x.mut(), src)
+    comm.device.stream().run(comm.all_reduce(x.mut()))
 
 
 def test_a_collective_in_a_loop_body_runs_every_iteration() -> None:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import scopegraph as sg
-from scopegraph import library
+from scopegraph import Mut, Tensor, library
 from scopegraph._errors import BorrowError, LifetimeError, SignatureError
 from scopegraph._kernel import declared_template
 
@@ -237,6 +237,34 @@ def test_a_template_kernel_launched_without_generics_is_refused_on_every_backend
     assert "help: instantiate it first, one value per template parameter: rms_norm.generics(...)" in str(info.value)
     sg_device.stream().run(library.rms_norm.generics(256)[1, 256](y.mut(), x, w, 1e-5, 256))
     np.testing.assert_allclose(y.numpy(), 1.0, rtol=1e-5)
+
+
+def test_generics_takes_as_many_arguments_as_the_template_declares() -> None:
+    """The host backend ran an instantiation with too few or too many template arguments (NVRTC
+    refuses it only on a GPU); and a numpy float value was read as its dtype (tk<32, float>)."""
+
+    @sg.kernel("template <int BS, typename T = float> __global__ void tk(T* out) { out[threadIdx.x] = BS; }")
+    def tk(out: Mut[Tensor]) -> None: ...
+
+    assert tk.generics(32).template_args == ("32",)
+    assert tk.generics(np.int64(32), sg.f64).template_args == ("32", "double")
+    for args, got in (((), 0), ((1, sg.f32, 3), 3)):
+        with pytest.raises(SignatureError, match=rf"template <int BS, typename T = float>: 1 to 2 .*got {got}"):
+            tk.generics(*args)
+    for value in (np.float32(2.0), 2.5):
+        with pytest.raises(SignatureError, match="is neither an integer nor a type"):
+            tk.generics(32, value)
+
+
+def test_a_scalar_annotated_with_a_dtype_object_names_its_alias() -> None:
+    """sg.float32 (a dtype) where sg.f32 (the alias mypy reads as float) belongs: the message said
+    "has annotation sg.f32 ... annotate it with one of those (sg.f32, ...)"."""
+    with pytest.raises(SignatureError, match=r"annotated with a dtype object \(float32\)") as info:
+
+        @sg.kernel('extern "C" __global__ void k(float* out, float a) {}')
+        def k(out: Mut[Tensor], a: sg.float32) -> None: ...  # type: ignore[valid-type]
+
+    assert "help: annotate `a` with sg.f32" in str(info.value)
 
 
 TEMPLATES = r"""

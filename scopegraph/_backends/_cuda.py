@@ -64,6 +64,8 @@ if TYPE_CHECKING:
     from .._scope import RecordedNode
     from .._stream import Stream
 
+# defer_frees's key for a capture that forbids frees on every thread (threading.get_ident() is never 0).
+EVERY_THREAD = 0
 _RESULT = re.compile(r"CUDA_ERROR_[A-Z0-9_]+|cudaError[A-Za-z0-9]+")
 # The first sticky fault seen in this process: every later failure is a consequence of it.
 _context_lost = ""
@@ -371,7 +373,7 @@ class CudaBackend:
         self._graveyard: collections.deque[tuple[list[Event], object]] = collections.deque()
         # What retire was given while a thread captured (defer_frees): freed when the capture ends.
         self._deferred: collections.deque[tuple[object, set[object], bool]] = collections.deque()
-        self._deferring: dict[int, int] = {}  # thread id -> captures open on it
+        self._deferring: dict[int, int] = {}  # thread id (or EVERY_THREAD) -> captures open on it
         self._deferring_lock = threading.Lock()
 
     def make_current(self) -> None:
@@ -415,7 +417,7 @@ class CudaBackend:
         Runs from free() and from garbage collection, so it never raises: if the ordering cannot
         be set up (another thread adding a user meanwhile, a stream already gone), it falls back
         to waiting for the whole device, which is slow but never frees memory early."""
-        if self._deferring and self._deferring.get(threading.get_ident()):
+        if self._deferring and (EVERY_THREAD in self._deferring or threading.get_ident() in self._deferring):
             self._deferred.append((storage, users, borrowed))
             return
         try:
@@ -433,18 +435,19 @@ class CudaBackend:
         with contextlib.suppress(Exception):
             storage.close(self.memory_stream)  # type: ignore[attr-defined]
 
-    def defer_frees(self) -> int:
+    def defer_frees(self, every_thread: bool = False) -> int:
         """While this thread captures foreign work (a captured region), memory that garbage
         collection lets go of on it is queued, not freed: retire's stream waits, event records and
         frees are calls a capture forbids on its thread, and one would invalidate the user's
-        capture. Returns the thread's id, for resume_frees (which may run on another thread)."""
-        thread = threading.get_ident()
+        capture. A capture in mode "global" forbids them on every thread of the process, so then
+        every thread's frees wait. Returns what resume_frees (which may run on another thread) takes."""
+        thread = EVERY_THREAD if every_thread else threading.get_ident()
         with self._deferring_lock:
             self._deferring[thread] = self._deferring.get(thread, 0) + 1
         return thread
 
     def resume_frees(self, thread: int) -> None:
-        """The capture that defer_frees (on ``thread``) began has ended: free what was queued."""
+        """The capture whose defer_frees returned ``thread`` has ended: free what was queued."""
         with self._deferring_lock:
             left = self._deferring.get(thread, 0) - 1
             if left > 0:

@@ -101,6 +101,52 @@ class HostView(np.ndarray[Any, np.dtype[Any]]):
         # Results of ufuncs (a fresh ndarray) stay plain; an `out=` HostView is returned as itself.
         return array[()] if return_scalar else array
 
+    @property  # type: ignore[override]
+    def flat(self) -> _StrictFlat:
+        """numpy's flat iterator, strict about slices as the view is (numpy's clips ``flat[:n]``)."""
+        return _StrictFlat(self)
+
+    @flat.setter
+    def flat(self, value: Any) -> None:
+        _flat.__set__(self, value)
+
+
+_flat: Any = np.ndarray.flat  # the property object (mypy types it as its getter)
+
+
+class _StrictFlat:
+    """``view.flat`` of a HostView: a slice past the end is an IndexError, as for the view itself;
+    the rest (integer and array indices, iteration, attributes) is numpy's flatiter."""
+
+    __slots__ = ("_view",)
+
+    def __init__(self, view: HostView) -> None:
+        self._view = view
+
+    def _checked(self, key: Any) -> Any:
+        if type(key) is slice:
+            size = self._view.size
+            _check_slice(key, size, 0, (size,))
+        return _flat.__get__(self._view)
+
+    def __getitem__(self, key: Any) -> Any:
+        return self._checked(key)[key]
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self._checked(key)[key] = value
+
+    def __iter__(self) -> Any:
+        return iter(_flat.__get__(self._view))
+
+    def __len__(self) -> int:
+        return int(self._view.size)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> Any:
+        return np.asarray(_flat.__get__(self._view).copy(), dtype)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(_flat.__get__(self._view), name)
+
 
 def _check_index(key: slice | tuple[Any, ...], shape: tuple[int, ...]) -> None:
     """Refuse a slice of ``key`` that reaches past its axis of ``shape`` (an IndexError)."""
