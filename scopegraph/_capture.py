@@ -594,16 +594,16 @@ class Region:
         where: tuple[str, int],
     ) -> None:
         self.where = where
-        if type(via) is not str or via not in VIAS:
+        if not isinstance(via, str) or via not in VIAS:
             raise SignatureError(
                 f'via={via!r} is not a way of capturing\nhelp: use via="cuda" (cuda.core) or via="torch"'
             )
-        if type(mode) is not str or mode not in MODES:
+        if not isinstance(mode, str) or mode not in MODES:
             raise SignatureError(f"mode={mode!r} is not a capture mode\nhelp: use one of {', '.join(MODES)}")
-        if type(name) is not str:
+        if not isinstance(name, str) or not name.strip():
             raise SignatureError(
-                f"name={name!r} is not a str\n"
-                "help: name the region with a string (messages and the DOT picture show it)"
+                f"name={name!r} names nothing\n"
+                "help: name the region with a non-empty string (messages and the DOT picture show it)"
             )
         kept = _listed(
             keep,

@@ -70,7 +70,7 @@ from ._control import ControlNode
 from ._device import Device, device, env_device
 from ._driver import cuda_device_count
 from ._dtypes import int32
-from ._errors import CudaError, SignatureError, diagnostic
+from ._errors import BorrowError, CudaError, SignatureError, diagnostic
 from ._ops import borrowed_tensor
 from ._tensor import Mut, Tensor
 
@@ -297,7 +297,16 @@ class Collective(Captured):
         if src is not None:  # `dst` itself too: in place is src=None (NCCL's sendbuff == recvbuff)
             borrows.append(Borrow(self.src, False, "src"))
         borrows.append(Borrow(comm.token, True, "comm"))
-        self._claim(borrows)
+        try:
+            self._claim(borrows)
+        except BorrowError as exc:
+            if src is None or not borrows[0].overlaps(borrows[1]):
+                raise
+            what = str(exc).rsplit("\nhelp: ", 1)[0]
+            raise BorrowError(
+                f"{what}\nhelp: for an in-place {kind}, leave src out: {kind}(x.mut()) reads and writes x; "
+                "otherwise give dst and src separate buffers"
+            ) from None
         if self.device is not comm.device:
             raise SignatureError(
                 diagnostic(

@@ -194,7 +194,8 @@ def _reached_headers(source: str, include_path: list[str], pre_include: list[str
     return list(found)
 
 
-_ARCH = re.compile(r"(sm|compute)_\d+[af]?")
+# A real architecture: a cubin is compiled for one (a virtual compute_XX gives no cubin).
+_ARCH = re.compile(r"sm_\d{2,3}[af]?")
 
 
 def _options(kernel: Kernel[Any], arch: str) -> tuple[ProgramOptions, bytes | None]:
@@ -205,7 +206,8 @@ def _options(kernel: Kernel[Any], arch: str) -> tuple[ProgramOptions, bytes | No
         raise _BadCompileInput(
             kernel,
             f"arch={arch!r} is not a GPU architecture",
-            'name one as NVRTC does: "sm_90" (Hopper), "sm_80", "sm_100a", ...',
+            'name a real architecture as NVRTC does: "sm_90" (Hopper), "sm_80", "sm_100a", ... '
+            "(a cubin needs one; compute_XX names a virtual one)",
         )
     given: dict[str, Any] = dict(kernel.options)
     refused = [name for name in _UNCACHEABLE if given.get(name) not in (None, False)]

@@ -86,7 +86,7 @@ class DType:
                     problem = f"it overflows {self.spelling} (largest {np.finfo(self.numpy).max})"
                 elif isinstance(value, (int, np.integer)) and int(result) != int(value):
                     problem = f"it would become {int(result)}"
-                elif result == 0 and converted != 0:
+                elif result == 0 and value != 0:  # not `converted`: a longdouble may underflow a float too
                     problem = f"it underflows to 0 (smallest {np.finfo(self.numpy).smallest_subnormal})"
                 else:
                     return result  # type: ignore[no-any-return]
@@ -112,7 +112,7 @@ class DType:
 
     def __eq__(self, other: object) -> bool:
         """Equal to the same dtype, and to the alias that names it: ``t.dtype == sg.f32`` (an
-        ``Annotated[float, float32]``) is ``t.dtype == sg.float32``; ``sg.f32 == t.dtype`` too,
+        ``Annotated[float, ...]`` naming float32) is ``t.dtype == sg.float32``; ``sg.f32 == t.dtype`` too,
         through this reflected method. Anything else is not a dtype: NotImplemented."""
         found = other if type(other) is DType else dtype_of_annotation(other)
         if found is None:
@@ -154,28 +154,37 @@ _BY_NAME = {d.name: d for d in ALL_DTYPES} | {str(d.numpy): d for d in ALL_DTYPE
 class Names:
     """What an alias (``sg.f32``) carries: the DType it names. Not the DType itself: typing hashes
     an alias from its contents, and a DType must hash as its alias does (they compare equal), which
-    it could not do while the alias's hash depended on its own."""
+    it could not do while the alias's hash depended on its own. Equal by the dtype's name, so a
+    pickled or copied alias is equal to (and hashes as) the alias."""
 
     dtype: DType
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is Names and other.dtype.name == self.dtype.name
+
+    def __hash__(self) -> int:
+        return hash(("scopegraph alias", self.dtype.name))
 
     def __repr__(self) -> str:
         return self.dtype.spelling
 
 
-f16 = Annotated[float, Names(float16)]
-f32 = Annotated[float, Names(float32)]
-f64 = Annotated[float, Names(float64)]
-i8 = Annotated[int, Names(int8)]
-i16 = Annotated[int, Names(int16)]
-i32 = Annotated[int, Names(int32)]
-i64 = Annotated[int, Names(int64)]
-u8 = Annotated[int, Names(uint8)]
-u32 = Annotated[int, Names(uint32)]
-u64 = Annotated[int, Names(uint64)]
-_ALIAS_HASHES: dict[str, int] = {
-    dtype_of_alias.name: hash(alias)
-    for alias in (f16, f32, f64, i8, i16, i32, i64, u8, u32, u64)
-    for dtype_of_alias in [get_args(alias)[1].dtype]
+_NAMES = {d.name: Names(d) for d in (float16, float32, float64, int8, int16, int32, int64, uint8, uint32, uint64)}
+
+
+f16 = Annotated[float, _NAMES["f16"]]
+f32 = Annotated[float, _NAMES["f32"]]
+f64 = Annotated[float, _NAMES["f64"]]
+i8 = Annotated[int, _NAMES["i8"]]
+i16 = Annotated[int, _NAMES["i16"]]
+i32 = Annotated[int, _NAMES["i32"]]
+i64 = Annotated[int, _NAMES["i64"]]
+u8 = Annotated[int, _NAMES["u8"]]
+u32 = Annotated[int, _NAMES["u32"]]
+u64 = Annotated[int, _NAMES["u64"]]
+# What each DType hashes as: its alias's hash (see Names).
+_ALIAS_HASHES = {
+    get_args(alias)[1].dtype.name: hash(alias) for alias in (f16, f32, f64, i8, i16, i32, i64, u8, u32, u64)
 }
 
 # What a user may pass where a dtype is expected: ``sg.f32`` (mypy sees ``type[float]``),

@@ -311,7 +311,7 @@ class CudaGraph:
         the tensors that carry the dependency, programmatic edges dashed (in loop and branch bodies
         too; a body's entry from its loop or branch node is dotted). ``include_driver=True``
         appends the CUDA driver's own dump of the graph (``cuGraphDebugDotPrint``) where there is a driver."""
-        if type(include_driver) is not bool:
+        if not isinstance(include_driver, (bool, np.bool_)):
             raise SignatureError(
                 f"include_driver={include_driver!r} is not True or False\n"
                 "help: pass include_driver=True for the driver's dump as well, or leave it out"

@@ -75,9 +75,22 @@ def _wrap_scopegraph(source: Tensor, name: str | None) -> Tensor:
     return Tensor(alloc, 0, source.shape, source.dtype)
 
 
+def _has_memory(obj: Any) -> bool:
+    """Whether numpy can view ``obj``'s own memory (an array, an object exporting an array or a
+    buffer), rather than build an array from its values (a list, a number)."""
+    if isinstance(obj, (list, tuple, range, int, float, complex, str, np.generic)):
+        return False
+    if hasattr(obj, "__dlpack__") or hasattr(obj, "__array_interface__") or hasattr(obj, "__array__"):
+        return True
+    try:
+        memoryview(obj)  # the buffer protocol
+    except TypeError:
+        return False
+    return True
+
+
 def _wrap_host(obj: Any, name: str | None) -> Tensor:
-    arr = np.from_dlpack(obj) if hasattr(obj, "__dlpack__") else np.asarray(obj)
-    if arr is not obj and arr.base is None:  # numpy made new memory (a list, a number): nothing is shared
+    if not _has_memory(obj):
         raise SignatureError(
             diagnostic(
                 f"cannot wrap {type(obj).__name__} as a scopegraph tensor: it has no memory to share, "
@@ -85,6 +98,7 @@ def _wrap_host(obj: Any, name: str | None) -> Tensor:
                 help="pass an array (numpy, torch, CuPy), or copy the values with dev.from_numpy(np.asarray(obj))",
             )
         )
+    arr = np.from_dlpack(obj) if hasattr(obj, "__dlpack__") else np.asarray(obj)
     if not arr.flags.c_contiguous:
         raise _not_contiguous(name)
     dev = device("host")

@@ -58,9 +58,6 @@ class TensorSpec:
                 )
             )
 
-    def resolved_dtype(self) -> DType | None:
-        return self.dtype  # type: ignore[no-any-return]  # a DType or None since __post_init__
-
 
 @dataclass(frozen=True, slots=True)
 class KernelParam:
@@ -101,9 +98,9 @@ def _parse_param(name: str, annotation: object, kernel_name: str) -> KernelParam
                     "Annotated[Mut[Tensor], sg.TensorSpec(sg.f32, rank=1)]",
                 )
             )
-        return KernelParam(name, "mut", spec.resolved_dtype(), spec.rank)
+        return KernelParam(name, "mut", spec.dtype, spec.rank)
     if annotation is Tensor:
-        return KernelParam(name, "shared", spec.resolved_dtype(), spec.rank)
+        return KernelParam(name, "shared", spec.dtype, spec.rank)
     scalar = dtype_of_annotation(annotation)
     if scalar is not None:
         return KernelParam(name, "scalar", scalar, None)
@@ -550,8 +547,15 @@ def declared_template(source: str, cpp_name: str) -> str | None:
     ``cpp_name`` in ``source`` is a template (``template <int BS> __global__ void name(...)``);
     None otherwise, and when the source does not spell the declaration out (a macro, an included
     header): the compiler has the last word there, as before."""
+    found = declared_templates(source, cpp_name)
+    return None if not found or None in found else found[0]
+
+
+def declared_templates(source: str, cpp_name: str) -> list[str | None]:
+    """The template parameter list of each ``__global__`` declaration of ``cpp_name`` that
+    ``source`` spells out, in order (None for one that is no template)."""
     code = _code(source)
-    found: str | None = None
+    found: list[str | None] = []
     for call in re.finditer(rf"\b{re.escape(cpp_name)}\s*\(", code):
         # The declaration starts after the previous statement, block or brace.
         start = max(code.rfind(mark, 0, call.start()) for mark in ";{}")
@@ -560,7 +564,8 @@ def declared_template(source: str, cpp_name: str) -> str | None:
             continue  # a call, or a host or device function of that name
         template = _TEMPLATE.search(head)
         if template is None:
-            return None  # a plain kernel of that name: launchable without generics()
+            found.append(None)  # a plain kernel of that name: launchable without generics()
+            continue
         # To the matching ">": C++ wants a ">" inside a default argument in parentheses.
         depth, parens, at = 0, 0, template.end() - 1
         for at in range(template.end() - 1, len(head)):
@@ -569,7 +574,7 @@ def declared_template(source: str, cpp_name: str) -> str | None:
             depth += {"<": 1, ">": -1}.get(char, 0) if parens == 0 else 0
             if depth == 0:
                 break
-        found = found or " ".join(head[template.end() - 1 : at + 1].split())
+        found.append(" ".join(head[template.end() - 1 : at + 1].split()))
     return found
 
 
@@ -577,8 +582,11 @@ def _check_template_count(kernel: Kernel[Any], given: int) -> None:
     """generics() with as many arguments as the template declares (those with defaults may be left
     out), where the source spells the declaration out: the host backend would run any count, and
     NVRTC refuses the launch only on a GPU."""
-    declared = kernel.template_parameters
-    if declared is None or "..." in declared:  # not readable from the source, or a parameter pack
+    declarations = set(declared_templates(kernel.source, kernel.cpp_name))
+    if len(declarations) != 1:  # none readable from the source, or overloads that may differ
+        return
+    (declared,) = declarations
+    if declared is None or "..." in declared:  # not a template, or a parameter pack
         return
     parameters = _top_level_items(declared[1:-1])
     required = sum("=" not in p for p in parameters)
@@ -595,11 +603,13 @@ def _check_template_count(kernel: Kernel[Any], given: int) -> None:
 
 
 def _top_level_items(text: str) -> list[str]:
-    """The comma-separated items of ``text``, not splitting inside <>, () or []."""
-    items, depth, start = [], 0, 0
+    """The comma-separated items of a template parameter list, not splitting inside <> (outside
+    parentheses, where C++ reads < and > as comparisons: ``int A = (3 > 2)``), () or []."""
+    items, angles, parens, start = [], 0, 0, 0
     for at, char in enumerate(text):
-        depth += {"<": 1, "(": 1, "[": 1, ">": -1, ")": -1, "]": -1}.get(char, 0)
-        if char == "," and depth == 0:
+        parens += {"(": 1, "[": 1, ")": -1, "]": -1}.get(char, 0)
+        angles += {"<": 1, ">": -1}.get(char, 0) if parens == 0 else 0
+        if char == "," and angles == 0 and parens == 0:
             items.append(text[start:at])
             start = at + 1
     last = text[start:]

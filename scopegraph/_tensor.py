@@ -287,7 +287,7 @@ class Tensor:
         if alloc.pins or len(alloc.region.members) > 1:
             start = alloc.address + self.offset
             for alias in alloc.aliases():
-                for pin in alias.pins.values():
+                for pin in list(alias.pins.values()):  # a copy: another thread may be recording
                     if pin.recording and pin.writes_to(start, start + self.nbytes):
                         raise ScopeStateError(
                             diagnostic(

@@ -287,6 +287,14 @@ def test_frees_a_capture_deferred_are_made_when_it_ends_on_any_thread() -> None:
     assert len(freed) == 2 and len(backend._deferred) == 1
     backend.resume_frees(everywhere)
     assert len(freed) == 3 and backend._deferring == {}
+    # A capture on this thread ends while a global one is still open: what it queued waits on (it
+    # looped for ever, queueing the free again and again), and goes with the global one's end.
+    everywhere, here = backend.defer_frees(every_thread=True), backend.defer_frees()
+    backend.retire(Storage(), set(), False)
+    backend.resume_frees(here)
+    assert len(freed) == 3 and len(backend._deferred) == 1
+    backend.resume_frees(everywhere)
+    assert len(freed) == 4 and backend._deferring == {}
 
 
 def test_the_host_backend_needs_a_host_callable() -> None:

@@ -254,6 +254,21 @@ def test_generics_takes_as_many_arguments_as_the_template_declares() -> None:
     for value in (np.float32(2.0), 2.5):
         with pytest.raises(SignatureError, match="is neither an integer nor a type"):
             tk.generics(32, value)
+    # What C++ reads as comparisons (in parentheses) and overloads of other arities are no miscount.
+    for source, given in (
+        ("template <int A = (3 > 2), int B = (8 >> 1)> __global__ void tc(float* out) {}", (1, 2)),
+        (
+            "template <typename T, typename std::enable_if<(sizeof(T) > 2), int>::type = 0>"
+            " __global__ void tc(T* out) {}",
+            ("float",),
+        ),
+        (
+            "template <int A> __global__ void tc(float* out) {}\n"
+            "template <int A, int B> __global__ void tc(float* out, int n) {}",
+            (1, 2),
+        ),
+    ):
+        assert sg.kernel(source, name="tc")(tk.__wrapped__).generics(*given).template_args == tuple(map(str, given))
 
 
 def test_a_scalar_annotated_with_a_dtype_object_names_its_alias() -> None:

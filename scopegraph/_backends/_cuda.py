@@ -454,7 +454,9 @@ class CudaBackend:
                 self._deferring[thread] = left
                 return
             self._deferring.pop(thread, None)
-        while True:
+        # Each queued free once: retire queues it again while another capture still forbids it
+        # (a global one, or the one of the thread that queued it, if that thread drains).
+        for _ in range(len(self._deferred)):
             try:  # another thread whose capture ended may drain the queue at the same time
                 storage, users, borrowed = self._deferred.popleft()
             except IndexError:

@@ -82,7 +82,9 @@ class HostView(np.ndarray[Any, np.dtype[Any]]):
     access would reach past the tensor. Integer indices (numpy checks those itself; negative ones
     count from the end), index arrays and ``...`` keep numpy's meaning, and every numpy operation
     works as on any array. Views of it (``reshape``, slices) are HostViews too; what numpy
-    computes from it (``a * x``, ``w @ x``) is a plain array.
+    computes from it (``a * x``, ``w @ x``) is a plain array. ``.flat`` stays numpy's, which clips
+    a slice to the end: numpy's own functions rely on that (``np.fill_diagonal`` of a wide matrix
+    slices ``a.flat`` past it).
     """
 
     __slots__ = ()
@@ -100,52 +102,6 @@ class HostView(np.ndarray[Any, np.dtype[Any]]):
     def __array_wrap__(self, array: Any, context: Any = None, return_scalar: bool = False) -> Any:
         # Results of ufuncs (a fresh ndarray) stay plain; an `out=` HostView is returned as itself.
         return array[()] if return_scalar else array
-
-    @property  # type: ignore[override]
-    def flat(self) -> _StrictFlat:
-        """numpy's flat iterator, strict about slices as the view is (numpy's clips ``flat[:n]``)."""
-        return _StrictFlat(self)
-
-    @flat.setter
-    def flat(self, value: Any) -> None:
-        _flat.__set__(self, value)
-
-
-_flat: Any = np.ndarray.flat  # the property object (mypy types it as its getter)
-
-
-class _StrictFlat:
-    """``view.flat`` of a HostView: a slice past the end is an IndexError, as for the view itself;
-    the rest (integer and array indices, iteration, attributes) is numpy's flatiter."""
-
-    __slots__ = ("_view",)
-
-    def __init__(self, view: HostView) -> None:
-        self._view = view
-
-    def _checked(self, key: Any) -> Any:
-        if type(key) is slice:
-            size = self._view.size
-            _check_slice(key, size, 0, (size,))
-        return _flat.__get__(self._view)
-
-    def __getitem__(self, key: Any) -> Any:
-        return self._checked(key)[key]
-
-    def __setitem__(self, key: Any, value: Any) -> None:
-        self._checked(key)[key] = value
-
-    def __iter__(self) -> Any:
-        return iter(_flat.__get__(self._view))
-
-    def __len__(self) -> int:
-        return int(self._view.size)
-
-    def __array__(self, dtype: Any = None, copy: Any = None) -> Any:
-        return np.asarray(_flat.__get__(self._view).copy(), dtype)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(_flat.__get__(self._view), name)
 
 
 def _check_index(key: slice | tuple[Any, ...], shape: tuple[int, ...]) -> None:
