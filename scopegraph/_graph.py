@@ -23,13 +23,13 @@ import numpy as np
 
 from ._control import ControlNode
 from ._errors import LifetimeError, NotAGraphNodeError, SignatureError, diagnostic
-from ._lifetime import Pin, order_replay
+from ._lifetime import Pin, order_replay, repin
 from ._ops import GraphNode
 from ._params import ParamTable
 from ._scope import RecordedNode, Scope, caller
 from ._stream import Stream
 from ._tensor import Tensor
-from ._update import Structure, all_borrows, check_rebind, commit, plan_rebind, repin, topology, update_executable
+from ._update import Structure, all_borrows, check_rebind, commit, plan_rebind, topology, update_executable
 
 if TYPE_CHECKING:
     from ._backends._base import Executable
@@ -48,8 +48,7 @@ class CudaGraph:
         self._nodes = nodes
         self._stream = stream
         self.order = order
-        pin.description = f"graph #{self.id} ({len(nodes)} nodes, built on stream #{stream.id})"
-        pin.recording = False
+        pin.hand_to_graph(f"graph #{self.id} ({len(nodes)} nodes, built on stream #{stream.id})")
         self._pin = pin
         # Host streams run work synchronously: only a device with streams needs replay ordering.
         self._ordered = stream.device.is_cuda

@@ -14,8 +14,10 @@ Two rules keep memory valid while the GPU uses it:
    stream-ordered deallocation. Nothing synchronises the device.
 
 Ordering between streams is kept here too (:func:`order_replay`): a replay waits for eager work
-on the graph's memory from other streams since its last replay (``graph.update`` included), and
-for its own previous replay when it moves to another stream, so a graph never overlaps itself;
+on the graph's memory from other streams since its last replay (``graph.update`` included), for
+its own previous replay when it moves to another stream, so a graph never overlaps itself, and
+for the last replay of every other graph that shares memory with it where either one writes
+(a prefill graph on one stream, a decode graph reading its cache on another);
 eager work (``graph.update`` included) waits for the last replay of each graph that pins its
 memory when that replay ran on another stream (:func:`note_eager_use`).
 The host backend runs work synchronously, so it keeps no stream bookkeeping at all.
@@ -52,6 +54,8 @@ class Pin:
         "pending",
         "recording",
         "replayed_on",
+        "sharers",
+        "sharers_made",
         "writes",
     )
 
@@ -66,6 +70,10 @@ class Pin:
         self.replayed_on: set[object] = set()
         self.last_stream: object = None
         self.caught_up: set[object] = set()
+        # The other pins whose replays this one's must follow (see _sharers_of), as of the count
+        # of holding changes `sharers_made`: made again on the first replay after a change.
+        self.sharers: list[Pin] = []
+        self.sharers_made = -1
 
     def add(self, borrows: Iterable[Borrow]) -> None:
         """Pin what an op touches (and, for foreign memory, every wrapper of the same bytes)."""
@@ -84,6 +92,13 @@ class Pin:
     def mark(self) -> tuple[int, int]:
         """Where the pin stands now (see :meth:`roll_back`)."""
         return len(self.writes), len(self.allocations)
+
+    def hand_to_graph(self, description: str) -> None:
+        """An open scope's pin becomes its graph's: replayable from now on, by the graphs it shares
+        memory with too (their next replays look again)."""
+        self.description = description
+        self.recording = False
+        holdings_changed()
 
     def roll_back(self, mark: tuple[int, int]) -> None:
         """Unpin what was added since ``mark``: the ops of loop and branch bodies whose block
@@ -112,6 +127,57 @@ class Pin:
                     alloc.closed_replays = {}
                 alloc.closed_replays.setdefault(last, set()).update(self.caught_up)
         self.allocations = {}
+        holdings_changed()
+
+
+_holding_changes = [0]
+
+
+def holdings_changed() -> None:
+    """What pins hold has changed (a graph built, re-pinned or closed): every pin makes its list of
+    sharers again before its next replay."""
+    _holding_changes[0] += 1
+
+
+def _sharers_of(pin: Pin) -> list[Pin]:
+    """The other pins that hold an allocation ``pin`` holds, where one of the two writes it. Graphs
+    that only read the same memory (frozen weights) need no order between their replays."""
+    found: dict[int, Pin] = {}
+    for alloc in pin.allocations.values():
+        start, end = alloc.address, alloc.address + alloc.nbytes
+        writes = pin.writes_to(start, end)
+        for other in alloc.pins.values():
+            if other is not pin and id(other) not in found and (writes or other.writes_to(start, end)):
+                found[id(other)] = other
+    return list(found.values())
+
+
+def repin(pin: Pin, borrows: Iterable[Borrow]) -> None:
+    """Make ``pin`` hold exactly what ``borrows`` touch. Allocations no longer used lose the pin (their
+    release then waits for the replays so far, as at close); newly used ones gain it, and the next
+    replay waits for the eager work already queued on them."""
+    held: dict[int, Allocation] = {}
+    writes: list[int] = []
+    for b in borrows:
+        alloc = b.alloc
+        if b.mutable and b.start != b.end:
+            writes += (b.start, b.end)
+        if alloc.id in held:
+            continue
+        for a in alloc.aliases() if len(alloc.region.members) > 1 else (alloc,):
+            held[a.id] = a
+    key = id(pin)
+    for aid, a in pin.allocations.items():
+        if aid not in held:
+            a.pins.pop(key, None)
+            a.users |= pin.replayed_on
+    for aid, a in held.items():
+        if aid not in pin.allocations:
+            a.pins[key] = pin
+            pin.pending |= a.users
+    pin.allocations = held
+    pin.writes = writes
+    holdings_changed()
 
 
 def note_eager_use(borrows: Iterable[Borrow], native_stream: object, backend: Backend) -> None:
@@ -141,6 +207,11 @@ def _after_replay(native_stream: object, last: object, caught: set[object], back
 
 def order_replay(pin: Pin, native_stream: object, backend: Backend) -> None:
     """Make ``native_stream`` wait for what must precede a replay of ``pin``'s graph on it."""
+    if pin.sharers_made != _holding_changes[0]:
+        pin.sharers_made = _holding_changes[0]
+        pin.sharers = _sharers_of(pin)
+    for sharer in pin.sharers:  # another graph's replay on another stream may still use the memory
+        _after_replay(native_stream, sharer.last_stream, sharer.caught_up, backend)
     last = pin.last_stream
     if last is not None and last is not native_stream:
         backend.wait_stream(native_stream, last)

@@ -21,7 +21,7 @@ too (a loop's or branch's own flag as well). It is planned in full before anythi
    only for the flag's writers of the recording.
 
 Only then are the executable's nodes updated (node updates on CUDA, new bindings on the host), the
-records changed and the pin moved (:func:`repin`). A refusal leaves the graph exactly as it was.
+records changed and the pin moved (:func:`scopegraph._lifetime.repin`). A refusal leaves the graph exactly as it was.
 
 Nodes are addressed by *slot* (``scopegraph._control.levels``): the graph's own nodes first, then
 the bodies' nodes. Graph parameters (``scopegraph._params``) update nodes the same way
@@ -48,10 +48,8 @@ from ._tensor import Mut, Tensor
 if TYPE_CHECKING:
     import numpy as np
 
-    from ._allocation import Allocation
     from ._backends._base import Executable
     from ._control import Body
-    from ._lifetime import Pin
     from ._scope import RecordedNode
 
 
@@ -389,33 +387,6 @@ def commit(flat: Sequence[RecordedNode], changes: Mapping[int, GraphNode]) -> No
 
 
 # -- pins --------------------------------------------------------------------------------
-
-
-def repin(pin: Pin, borrows: Iterable[Borrow]) -> None:
-    """Make ``pin`` hold exactly what ``borrows`` touch. Allocations no longer used lose the pin (their
-    release then waits for the replays so far, as at close); newly used ones gain it, and the next
-    replay waits for the eager work already queued on them."""
-    held: dict[int, Allocation] = {}
-    writes: list[int] = []
-    for b in borrows:
-        alloc = b.alloc
-        if b.mutable and b.start != b.end:
-            writes += (b.start, b.end)
-        if alloc.id in held:
-            continue
-        for a in alloc.aliases() if len(alloc.region.members) > 1 else (alloc,):
-            held[a.id] = a
-    key = id(pin)
-    for aid, a in pin.allocations.items():
-        if aid not in held:
-            a.pins.pop(key, None)
-            a.users |= pin.replayed_on
-    for aid, a in held.items():
-        if aid not in pin.allocations:
-            a.pins[key] = pin
-            pin.pending |= a.users
-    pin.allocations = held
-    pin.writes = writes
 
 
 def all_borrows(nodes: Sequence[RecordedNode]) -> Iterable[Borrow]:

@@ -223,6 +223,45 @@ def test_a_graph_launched_on_two_streams_in_turn_never_overlaps_itself(cuda: sg.
         assert float(x.numpy()[0]) == 10.0
 
 
+@pytest.mark.parametrize("order", ["writer first", "reader first"])
+def test_two_graphs_sharing_memory_on_two_streams_are_ordered(cuda: sg.Device, order: str) -> None:
+    """A prefill graph writes `cache` on one stream, a decode graph reads it on another: each
+    replay waits for the other graph's last one (it spins, so an early start reads the old
+    values, or overwrites what is still being read)."""
+    a, b = cuda.stream(), cuda.stream()
+    cache, out = cuda.full((N,), 1.0, name="cache"), cuda.zeros((N,), name="out")
+    weights = cuda.full((N,), 5.0, name="weights").freeze()
+    with CudaGraph.scope(a) as s:
+        s.record(slow_fill[N // 256, 256](cache.mut(), 2.0, N, CYCLES))
+    writer = s.graph
+    with CudaGraph.scope(b) as s:
+        s.record(slow_copy[N // 256, 256](out.mut(), cache, N, CYCLES))
+    reader = s.graph
+    with writer, reader:
+        if order == "writer first":
+            writer.launch()
+            reader.launch()  # waits for the writer: copies 2.0
+            b.sync()
+            np.testing.assert_array_equal(out.numpy(), 2.0)
+        else:
+            reader.launch()  # copies 1.0 after spinning
+            writer.launch()  # waits for the reader, then overwrites cache
+            a.sync()
+            np.testing.assert_array_equal(out.numpy(), 1.0)
+            np.testing.assert_array_equal(cache.numpy(), 2.0)
+    # Graphs that share only what neither writes are not made to wait for each other.
+    with CudaGraph.scope(a) as s:
+        s.record(slow_copy[N // 256, 256](out.mut(), weights, N, CYCLES))
+    with CudaGraph.scope(b) as t:
+        t.record(sg.memcpy(cache.mut(), weights))
+    with s.graph as first, t.graph as second:
+        first.launch()
+        second.launch()
+        b.sync()
+        assert not a.native.record().is_done  # type: ignore[attr-defined]  # the slow copy still runs
+        np.testing.assert_array_equal(cache.numpy(), 5.0)
+
+
 def test_from_handle_finds_the_device_and_refuses_non_streams(cuda: sg.Device) -> None:
     torch = pytest.importorskip("torch")
     stream = sg.Stream.from_handle(torch.cuda.Stream(device=0))

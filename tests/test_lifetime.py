@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import gc
+import types
+from typing import Any
 
 import numpy as np
 import pytest
@@ -120,3 +122,41 @@ def test_frozen_bytes_stay_frozen_exactly_while_a_wrapper_covers_them() -> None:
     gc.collect()
     assert not sg.Tensor.from_dlpack(base).frozen  # no wrapper lived: the memory is the user's again
     np.testing.assert_array_equal(base, [*range(8), *[-1] * 8])
+
+
+def test_graphs_that_share_written_memory_follow_each_others_replays() -> None:
+    """Which graphs a replay waits for (on a GPU, when they last ran on another stream): those that
+    share memory with it where either writes, not those that share only what both read; and the
+    list follows graphs being built, re-pinned and closed."""
+    from scopegraph._lifetime import _sharers_of, order_replay
+
+    dev = sg.device("host")
+    stream = dev.stream()
+    cache, out, other = dev.zeros((8,), name="cache"), dev.zeros((8,), name="out"), dev.zeros((8,), name="other")
+    weights = dev.full((8,), 1.0, name="weights").freeze()
+
+    def graph(*ops: sg.GraphNode) -> CudaGraph:
+        with CudaGraph.scope(stream) as s:
+            for op in ops:
+                s.record(op)
+        return s.graph
+
+    writer = graph(sg.memcpy(cache.mut(), weights))
+    reader = graph(sg.memcpy(out.mut(), cache))
+    bystander = graph(sg.memcpy(other.mut(), weights))
+    pins = {g: g._pin for g in (writer, reader, bystander)}
+    assert _sharers_of(pins[writer]) == [pins[reader]] and _sharers_of(pins[reader]) == [pins[writer]]
+    assert _sharers_of(pins[bystander]) == []  # weights are read by all: no order needed
+    waits: list[tuple[str, str]] = []
+    backend: Any = types.SimpleNamespace(wait_stream=lambda stream, last: waits.append((stream, last)))
+    order_replay(pins[writer], "a", backend)  # what order_replay does on a GPU, with streams by name
+    order_replay(pins[reader], "b", backend)
+    order_replay(pins[bystander], "c", backend)
+    assert waits == [("b", "a")]
+    reader.rebind({cache: other})  # now reads `other`, which the bystander writes
+    assert _sharers_of(pins[writer]) == [] and _sharers_of(pins[reader]) == [pins[bystander]]
+    order_replay(pins[writer], "d", backend)  # its own last replay only, not the reader's on "b"
+    order_replay(pins[bystander], "e", backend)
+    assert waits == [("b", "a"), ("d", "a"), ("e", "b"), ("e", "c")]
+    bystander.close()
+    assert _sharers_of(pins[reader]) == []
