@@ -226,40 +226,41 @@ def test_a_graph_launched_on_two_streams_in_turn_never_overlaps_itself(cuda: sg.
 @pytest.mark.parametrize("order", ["writer first", "reader first"])
 def test_two_graphs_sharing_memory_on_two_streams_are_ordered(cuda: sg.Device, order: str) -> None:
     """A prefill graph writes `cache` on one stream, a decode graph reads it on another: each
-    replay waits for the other graph's last one (it spins, so an early start reads the old
-    values, or overwrites what is still being read)."""
+    replay waits for the other graph's last one. The graph launched first is the slow one (it
+    spins before it touches `cache`), so a second graph that started at once would read the old
+    values (writer first) or overwrite them before they are read (reader first)."""
     a, b = cuda.stream(), cuda.stream()
     cache, out = cuda.full((N,), 1.0, name="cache"), cuda.zeros((N,), name="out")
-    weights = cuda.full((N,), 5.0, name="weights").freeze()
+    slow = order == "writer first"
     with CudaGraph.scope(a) as s:
-        s.record(slow_fill[N // 256, 256](cache.mut(), 2.0, N, CYCLES))
+        s.record(slow_fill[N // 256, 256](cache.mut(), 2.0, N, CYCLES if slow else 0))
     writer = s.graph
     with CudaGraph.scope(b) as s:
-        s.record(slow_copy[N // 256, 256](out.mut(), cache, N, CYCLES))
+        s.record(slow_copy[N // 256, 256](out.mut(), cache, N, 0 if slow else CYCLES))
     reader = s.graph
     with writer, reader:
-        if order == "writer first":
-            writer.launch()
-            reader.launch()  # waits for the writer: copies 2.0
-            b.sync()
-            np.testing.assert_array_equal(out.numpy(), 2.0)
-        else:
-            reader.launch()  # copies 1.0 after spinning
-            writer.launch()  # waits for the reader, then overwrites cache
-            a.sync()
-            np.testing.assert_array_equal(out.numpy(), 1.0)
-            np.testing.assert_array_equal(cache.numpy(), 2.0)
-    # Graphs that share only what neither writes are not made to wait for each other.
+        first, second = (writer, reader) if slow else (reader, writer)
+        first.launch()
+        second.launch()
+        second.stream.sync()
+        np.testing.assert_array_equal(out.numpy(), 2.0 if slow else 1.0)
+        np.testing.assert_array_equal(cache.numpy(), 2.0)
+
+
+def test_graphs_that_only_read_the_same_memory_run_side_by_side(cuda: sg.Device) -> None:
+    a, b = cuda.stream(), cuda.stream()
+    weights = cuda.full((N,), 5.0, name="weights").freeze()
+    out, copy = cuda.zeros((N,), name="out"), cuda.zeros((N,), name="copy")
     with CudaGraph.scope(a) as s:
         s.record(slow_copy[N // 256, 256](out.mut(), weights, N, CYCLES))
     with CudaGraph.scope(b) as t:
-        t.record(sg.memcpy(cache.mut(), weights))
+        t.record(sg.memcpy(copy.mut(), weights))
     with s.graph as first, t.graph as second:
         first.launch()
         second.launch()
         b.sync()
         assert not a.native.record().is_done  # type: ignore[attr-defined]  # the slow copy still runs
-        np.testing.assert_array_equal(cache.numpy(), 5.0)
+        np.testing.assert_array_equal(copy.numpy(), 5.0)
 
 
 def test_from_handle_finds_the_device_and_refuses_non_streams(cuda: sg.Device) -> None:
