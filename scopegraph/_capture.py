@@ -133,6 +133,9 @@ def _check_host(host: object, what: str, arguments: list[str]) -> None:
         ) from None
 
 
+_REGION = object()  # what Region passes to Captured: the only maker of one
+
+
 class Captured(GraphNode):
     """Foreign GPU work as one child-graph node: declared reads and writes, the captured graph
     (``definition``, set when the region's capture ends), what must stay alive with it (``kept``),
@@ -147,7 +150,17 @@ class Captured(GraphNode):
         reads: Sequence[Tensor],
         host: Callable[..., object] | None,
         where: str,
+        *,
+        region: object = None,
     ) -> None:
+        if region is not _REGION:  # its captured graph would be missing on a GPU
+            raise NotAGraphNodeError(
+                diagnostic(
+                    "sg.Captured is made by a captured region, not directly: its graph is what the region captures",
+                    help="with s.capture(reads=[...], writes=[t.mut()], host=fn) as region: "
+                    "launch the work on region.stream",
+                )
+            )
         self.label_name = name
         self.where = where
         what = f"capture `{name}`"
@@ -616,7 +629,7 @@ class Region:
         self.owner = owner
         self.via = via
         self.mode = mode
-        self.op = Captured(str(name), writes, reads, host, self.location)
+        self.op = Captured(name, writes, reads, host, self.location, region=_REGION)
         device = owner.stream.device if isinstance(owner, Scope) else owner.device
         if self.op.device is not device:
             raise SignatureError(

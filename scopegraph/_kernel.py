@@ -17,6 +17,7 @@ import ast
 import functools
 import inspect
 import re
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Generic, ParamSpec, TypeVar, get_args, get_origin, get_type_hints
@@ -383,6 +384,9 @@ class Kernel(Generic[P]):
         self._binder: Callable[..., None] | None = None
         # Instantiations made by generics(), so each one compiles (and is cached) once.
         self._instances: dict[tuple[str, ...], Kernel[P]] = {}
+        # Every kernel rebuilt() from this one (generics() instances too): a host reference
+        # registered later reaches them.
+        self._derived: weakref.WeakSet[Kernel[P]] = weakref.WeakSet()
         # Loaded per device by the CUDA backend: backend -> its loaded form (the cuda.core Kernel
         # and the launch limits it was compiled to; see _backends/_cuda.py).
         self.compiled: dict[object, Any] = {}
@@ -409,11 +413,12 @@ class Kernel(Generic[P]):
         ``block`` also gets the launch's grid and block (3-tuples), to cover what the kernel's
         threads cover."""
         launch = _check_host(fn, self)
-        self.host_fn = fn
-        self.host_launch = launch
-        for inst in self._instances.values():
-            inst.host_fn = fn
-            inst.host_launch = launch
+        pending = [self]
+        while pending:
+            kernel = pending.pop()
+            kernel.host_fn = fn
+            kernel.host_launch = launch
+            pending.extend(kernel._derived)
         return fn
 
     def generics(self, *args: object) -> Kernel[P]:
@@ -434,7 +439,7 @@ class Kernel(Generic[P]):
     ) -> Kernel[P]:
         """The same declaration compiled from another source, with other options or template
         arguments (a separate kernel: compiled, cached and loaded on its own)."""
-        return Kernel(
+        derived = Kernel(
             self.__wrapped__,
             self.source if source is None else source,
             self.cpp_name,
@@ -447,6 +452,8 @@ class Kernel(Generic[P]):
             self.reads_before_wait,
             self.max_shared_bytes,
         )
+        self._derived.add(derived)
+        return derived
 
     def __getitem__(self, launch: tuple[Dim, Dim] | tuple[Dim, Dim, int]) -> Callable[P, KernelLaunch]:
         # A launch shape made only of plain ints (or tuples of them) is checked once and its
@@ -754,7 +761,8 @@ def _check_declaration(
 
 
 def _host_launch(fn: object) -> tuple[str, ...]:
-    """The launch fields ("grid", "block") a host reference declares as keyword-only parameters."""
+    """The launch fields ("grid", "block", "template_args") a host reference declares as
+    keyword-only parameters."""
     signature = _signature(fn)
     return () if signature is None else _launch_fields(signature)
 
@@ -769,7 +777,9 @@ def _signature(fn: object) -> inspect.Signature | None:
 def _launch_fields(signature: inspect.Signature) -> tuple[str, ...]:
     parameters = signature.parameters
     return tuple(
-        n for n in ("grid", "block") if n in parameters and parameters[n].kind is inspect.Parameter.KEYWORD_ONLY
+        n
+        for n in ("grid", "block", "template_args")
+        if n in parameters and parameters[n].kind is inspect.Parameter.KEYWORD_ONLY
     )
 
 
@@ -799,7 +809,7 @@ def _check_host(fn: object, kernel: Kernel[Any]) -> tuple[str, ...]:
                 [f"declared as {kernel!r}", "a reference gets one argument per kernel parameter, in order"],
                 help=f"give the reference {len(kernel.params)} positional parameters "
                 f"({', '.join(p.name for p in kernel.params) or 'none'}); "
-                "keyword-only `grid` and `block` get the launch's",
+                "keyword-only `grid` and `block` get the launch's, `template_args` a template's arguments",
             )
         ) from None
     return launch

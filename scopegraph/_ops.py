@@ -8,7 +8,7 @@ eagerly (``stream.run(op)`` returns the new Tensor), since their addresses would
 from __future__ import annotations
 
 import operator
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 import numpy as np
 
@@ -37,6 +37,18 @@ class Op(Generic[R_co]):
         raise not_an_op(self)  # every op scopegraph builds has its own
 
 
+def unknown_kind(op: GraphNode) -> NotAGraphNodeError:
+    """The refusal of a GraphNode subclass that scopegraph does not define."""
+    return NotAGraphNodeError(
+        diagnostic(
+            f"`{type(op).__name__}` is a GraphNode subclass that scopegraph does not define: "
+            "the backends run only the kinds of node scopegraph builds",
+            help="write the work as a kernel (@sg.kernel) and launch it, or launch another library's work "
+            "inside `with s.capture(reads=[...], writes=[...]) as region:`",
+        )
+    )
+
+
 def not_an_op(op: Op[Any]) -> NotAGraphNodeError:
     """The refusal of an op that no scopegraph constructor built (a bare ``sg.Op()`` or
     ``sg.GraphNode()``): it names nothing to read, write or make."""
@@ -58,6 +70,13 @@ class GraphNode(Op[None]):
     borrows: list[Borrow]
     # None for an op that touches no tensor (e.g. an argument-less kernel): it runs on any stream's device.
     device: Device | None
+    # Whether scopegraph defines this kind of node: the backends run only those (a user's subclass
+    # would be nothing on the host and a failed graph build on a GPU).
+    built_in: ClassVar[bool] = True
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.built_in = cls.__module__.startswith("scopegraph.")
 
     def _claim(self, borrows: list[Borrow]) -> None:
         """Validate this op's borrows (one device, alive, not frozen, no aliasing) and remember its device."""

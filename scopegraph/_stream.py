@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._borrow import check_frozen
 from ._errors import NotAGraphNodeError, ScopeStateError, SignatureError, diagnostic
-from ._ops import GraphNode, Op, not_an_op
+from ._ops import GraphNode, Op, not_an_op, unknown_kind
 
 if TYPE_CHECKING:
     from ._device import Device
@@ -124,6 +124,8 @@ def check_runnable(op: GraphNode, stream: Stream) -> None:
         borrows, device = op.borrows, op.device
     except AttributeError:  # a bare sg.GraphNode(): caught here, where a check costs nothing until it fails
         raise not_an_op(op) from None
+    if not op.built_in:
+        raise unknown_kind(op)
     for b in borrows:
         alloc = b.alloc
         if alloc.freed or (b.mutable and alloc.region.frozen):

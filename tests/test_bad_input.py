@@ -525,3 +525,34 @@ def test_wrapping_what_has_no_memory_to_share_is_refused(obj: object) -> None:
         t = sg.Tensor.from_dlpack(wrapped)
         stream.run(sg.memset(t.mut(), value))
         np.testing.assert_array_equal(shared, np.full(4, value, np.float32))
+
+
+def test_node_kinds_scopegraph_does_not_make_are_refused_on_every_backend() -> None:
+    """A user's GraphNode subclass ran as nothing on the host and failed the graph build on a GPU;
+    an sg.Captured made directly ran its host callable on the host and had no graph on a GPU."""
+    dev = sg.device("host")
+    stream, x = dev.stream(), dev.zeros((4,), name="x")
+
+    class Mine(sg.GraphNode):
+        __slots__ = ()
+
+        def __init__(self) -> None:
+            self._claim([sg._borrow.Borrow(x, True, "x")])
+
+        @property
+        def name(self) -> str:
+            return "mine"
+
+    with pytest.raises(sg.NotAGraphNodeError, match="`Mine` is a GraphNode subclass that scopegraph does not define"):
+        stream.run(Mine())
+    with CudaGraph.scope(stream) as s:
+        with pytest.raises(sg.NotAGraphNodeError, match="does not define") as info:
+            s.record(Mine())
+        assert "help: write the work as a kernel" in str(info.value)
+        with pytest.raises(sg.NotAGraphNodeError, match=r"sg\.Captured is made by a captured region"):
+            sg.Captured("direct", [x.mut()], [], lambda x: None, "here")
+        s.record(sg.memset(x.mut(), 1.0))
+    with s.graph as graph:
+        graph.launch()
+        np.testing.assert_array_equal(x.numpy(), 1.0)
+    assert_stream_usable(stream)

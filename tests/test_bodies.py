@@ -188,7 +188,7 @@ def test_what_a_body_cannot_hold_is_named(monkeypatch: pytest.MonkeyPatch, kinds
 
     dev = sg.device("host")
     y = dev.zeros((4,), name="y")
-    op = sg.Captured("fetch", [y.mut()], [], None, "user.py:7")
+    op = sg.Captured("fetch", [y.mut()], [], None, "user.py:7", region=_capture._REGION)
     found = ["CU_GRAPH_NODE_TYPE_KERNEL", "CU_GRAPH_NODE_TYPE_GRAPH"] + [f"CU_GRAPH_NODE_TYPE_{k}" for k in kinds]
     monkeypatch.setattr(_capture, "node_types", lambda handle: found)
     with pytest.raises(sg.CaptureError) as info:

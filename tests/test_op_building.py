@@ -271,6 +271,26 @@ def test_generics_takes_as_many_arguments_as_the_template_declares() -> None:
         assert sg.kernel(source, name="tc")(tk.__wrapped__).generics(*given).template_args == tuple(map(str, given))
 
 
+def test_a_host_reference_sees_the_template_arguments_and_reaches_every_derived_kernel() -> None:
+    """The host ran one reference for every instantiation (the GPU gives 3 for tv<3>, the host gave
+    what the reference assumed); and a kernel rebuilt() before @k.host had no reference on the host."""
+
+    @sg.kernel("template <int V> __global__ void tv(float* out, int n) { if (threadIdx.x < n) out[threadIdx.x] = V; }")
+    def tv(out: Mut[Tensor], n: sg.i32) -> None: ...
+
+    fast = tv.rebuilt(options=(("use_fast_math", True),))  # made before the reference is registered
+
+    @tv.host
+    def _(out: Any, n: Any, *, template_args: tuple[str, ...]) -> None:
+        out[:n] = int(template_args[0])
+
+    dev = sg.device("host")
+    stream, y = dev.stream(), dev.zeros((4,), name="y")
+    for kernel, value in ((tv.generics(2), 2.0), (tv.generics(3), 3.0), (fast.generics(5), 5.0)):
+        stream.run(kernel[1, 4](y.mut(), 4))
+        np.testing.assert_array_equal(y.numpy(), value)
+
+
 def test_a_scalar_annotated_with_a_dtype_object_names_its_alias() -> None:
     """sg.float32 (a dtype) where sg.f32 (the alias mypy reads as float) belongs: the message said
     "has annotation sg.f32 ... annotate it with one of those (sg.f32, ...)"."""

@@ -155,7 +155,7 @@ def _host_view(tensor: Tensor, writable: bool) -> NDArray:
     return _array(tensor, writable, HostView)
 
 
-_NO_LAUNCH: dict[str, tuple[int, int, int]] = {}
+_NO_LAUNCH: dict[str, tuple[int, int, int] | tuple[str, ...]] = {}
 _GRID_AND_BLOCK = ("grid", "block")
 
 
@@ -185,14 +185,15 @@ def _thunk(
     borrows = iter(op.borrows)  # one per tensor argument, in order
     args = op.resolved(values) if op.params else op.args
     bound = tuple(_host_view(a, next(borrows).mutable) if isinstance(a, Tensor) else a for a in args)
-    # The launch's grid and block, for a reference that declares them (keyword-only `grid`, `block`).
+    # The launch's grid and block, and a template's arguments, for a reference that declares them
+    # (keyword-only `grid`, `block`, `template_args`).
     names = op.kernel.host_launch
     if not names:
         launch = _NO_LAUNCH
     elif names == _GRID_AND_BLOCK:  # the library's references (eager runs bind each time: keep it cheap)
         launch = {"grid": op.grid, "block": op.block}
     else:
-        launch = {name: getattr(op, name) for name in names}
+        launch = {name: op.kernel.template_args if name == "template_args" else getattr(op, name) for name in names}
 
     def run() -> None:
         try:
