@@ -249,6 +249,16 @@ def _options(kernel: Kernel[Any], arch: str) -> tuple[ProgramOptions, bytes | No
     return options, extra
 
 
+def check_options(kernel: Kernel[Any]) -> None:
+    """Refuse ``kernel``'s compile options as a GPU would, without compiling (the host backend
+    runs references, but a program it passes must not fail on a GPU for its options). Does
+    nothing without cuda.core, which then cannot compile on any backend."""
+    try:
+        _options(kernel, "sm_90")
+    except ImportError:
+        return
+
+
 def _cache_key(kernel: Kernel[Any], arch: str) -> tuple[ProgramOptions, bytes]:
     from cuda.core.utils import make_program_cache_key
 

@@ -5,11 +5,12 @@ NVRTC, header contents are part of the key, and bad options are CompileErrors.""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pytest
 
 pytest.importorskip("cuda.core")
@@ -404,3 +405,23 @@ def test_bad_option_is_a_compile_error() -> None:
 
     with pytest.raises(sg.CompileError, match="bad compile option"):
         compile_kernel(k, "sm_90")
+
+
+def test_the_host_backend_refuses_compile_options_a_gpu_refuses() -> None:
+    """The host runs the reference and compiles nothing, but a program it passes must not fail on
+    a GPU for its options: they are checked (not compiled) when the kernel first runs there."""
+
+    def declared(options: Mapping[str, object]) -> sg.Kernel[[Mut[Tensor]]]:
+        @sg.kernel('extern "C" __global__ void k(float* out) {}', options=options)
+        def k(out: Mut[Tensor]) -> None: ...
+
+        k.host(lambda out: out.fill(1.0))
+        return k
+
+    dev = sg.device("host")
+    stream, y = dev.stream(), dev.zeros((4,), name="y")
+    for options, message in (({"no_such_option": True}, "no_such_option"), ({"arch": "sm_80"}, "arch is scopegraph's")):
+        with pytest.raises(sg.CompileError, match=message):
+            stream.run(declared(options)[1, 1](y.mut()))
+    stream.run(declared({"use_fast_math": True})[1, 1](y.mut()))
+    np.testing.assert_array_equal(y.numpy(), 1.0)
