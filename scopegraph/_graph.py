@@ -23,7 +23,7 @@ import numpy as np
 
 from ._control import ControlNode
 from ._errors import LifetimeError, NotAGraphNodeError, SignatureError, diagnostic
-from ._lifetime import Pin, order_replay, repin
+from ._lifetime import SHARED_REPLAYS, Pin, order_replay, repin, sharers
 from ._ops import GraphNode
 from ._params import ParamTable
 from ._scope import RecordedNode, Scope, caller
@@ -122,10 +122,15 @@ class CudaGraph:
                 raise self._closed_error("launch")
             if params:
                 self._set_params(exe, params)
-            if self._ordered:
-                order_replay(self._pin, stream.native, stream.device.backend)
             stream.last_work = self.id
-            exe.launch(stream)
+            if self._ordered and sharers(self._pin):
+                with SHARED_REPLAYS:
+                    order_replay(self._pin, stream.native, stream.device.backend)
+                    exe.launch(stream)
+            else:
+                if self._ordered:
+                    order_replay(self._pin, stream.native, stream.device.backend)
+                exe.launch(stream)
 
     def update(self, op: GraphNode) -> None:
         """Run ``op`` on the graph's stream now, ordered after earlier replays (on any stream) and

@@ -80,13 +80,20 @@ def _has_memory(obj: Any) -> bool:
     buffer), rather than build an array from its values (a list, a number)."""
     if isinstance(obj, (list, tuple, range, int, float, complex, str, np.generic)):
         return False
-    if hasattr(obj, "__dlpack__") or hasattr(obj, "__array_interface__") or hasattr(obj, "__array__"):
+    if hasattr(obj, "__dlpack__") or hasattr(obj, "__array_interface__"):
         return True
     try:
         memoryview(obj)  # the buffer protocol
     except TypeError:
+        pass
+    else:
+        return True
+    if not hasattr(obj, "__array__"):
         return False
-    return True
+    try:  # an object that hands out its own array gives the same memory twice, not a new copy
+        return bool(np.shares_memory(np.asarray(obj), np.asarray(obj)))
+    except Exception:  # the object's __array__ failed: numpy will say so when it is asked again
+        return True
 
 
 def _wrap_host(obj: Any, name: str | None) -> Tensor:

@@ -349,7 +349,8 @@ class Kernel(Generic[P]):
         self.options = options
         self.template_args = template_args
         self.host_fn = host_fn
-        # The launch's fields the reference takes as keyword-only parameters ("grid", "block").
+        # The launch's fields the reference takes as keyword-only parameters ("grid", "block",
+        # "template_args").
         self.host_launch: tuple[str, ...] = () if host_fn is None else _host_launch(host_fn)
         self.params = params if params is not None else _parse_signature(fn, cpp_name)
         # How many elements each launch touches per tensor parameter, checked when a launch is built.
@@ -411,14 +412,17 @@ class Kernel(Generic[P]):
         (exactly each tensor's, read-only for ``Tensor`` parameters) and numpy scalars, one per
         declared parameter. A reference that declares keyword-only parameters ``grid`` and
         ``block`` also gets the launch's grid and block (3-tuples), to cover what the kernel's
-        threads cover."""
+        threads cover, and one that declares ``template_args`` the instantiation's template
+        arguments (C++ text). Kernels rebuilt() or instantiated from this one get it too, unless
+        they were given their own."""
         launch = _check_host(fn, self)
-        pending = [self]
+        inherited, pending = self.host_fn, [self]
         while pending:
             kernel = pending.pop()
             kernel.host_fn = fn
             kernel.host_launch = launch
-            pending.extend(kernel._derived)
+            # Those derived kernels that still have what this one had: not one given its own since.
+            pending.extend(k for k in list(kernel._derived) if k.host_fn is inherited)
         return fn
 
     def generics(self, *args: object) -> Kernel[P]:

@@ -25,6 +25,8 @@ The host backend runs work synchronously, so it keeps no stream bookkeeping at a
 
 from __future__ import annotations
 
+import itertools
+import threading
 import weakref
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
@@ -39,7 +41,8 @@ class Pin:
     """What one graph or open scope holds on the allocations it uses.
 
     ``writes`` lists the absolute ranges it writes, flat (``freeze()`` is refused on them, and so is
-    ``numpy()`` while ``recording``: an open scope's writes have not run yet);
+    ``numpy()`` while ``recording``: an open scope's writes have not run yet), and ``written`` the
+    ids of the allocations they are in (which graphs' replays must be ordered: ``sharers``);
     ``pending`` the streams that ran eager work on its memory since its last replay;
     ``replayed_on`` every stream it was replayed on (the release of its memory waits for them);
     ``last_stream`` the stream of its last replay, and ``caught_up`` the streams made to wait for
@@ -57,6 +60,7 @@ class Pin:
         "sharers",
         "sharers_made",
         "writes",
+        "written",
     )
 
     def __init__(self, description: str, recording: bool = False) -> None:
@@ -66,6 +70,7 @@ class Pin:
         # start, end, start, end, ...: flat, so recording an op adds no object that lives on
         # (and ranges, not borrows: a pin must not keep tensors alive).
         self.writes: list[int] = []
+        self.written: set[int] = set()
         self.pending: set[object] = set()
         self.replayed_on: set[object] = set()
         self.last_stream: object = None
@@ -79,9 +84,10 @@ class Pin:
         """Pin what an op touches (and, for foreign memory, every wrapper of the same bytes)."""
         held = self.allocations
         for b in borrows:
+            alloc = b.alloc
             if b.mutable and b.start != b.end:
                 self.writes += (b.start, b.end)
-            alloc = b.alloc
+                self.written.add(alloc.id)
             if alloc.id not in held:
                 for a in alloc.aliases() if len(alloc.region.members) > 1 else (alloc,):
                     held[a.id] = a
@@ -126,57 +132,77 @@ class Pin:
                 if alloc.closed_replays is None:
                     alloc.closed_replays = {}
                 alloc.closed_replays.setdefault(last, set()).update(self.caught_up)
+                _hand_on_replay(self, alloc, last)
         self.allocations = {}
         holdings_changed()
 
 
+def _hand_on_replay(pin: Pin, alloc: Allocation, last: object) -> None:
+    """``pin`` lets go of ``alloc`` (closed, or re-pinned elsewhere) while its last replay, on
+    ``last``, may still run: the graphs that stay on the memory, where either writes it, wait for
+    that replay before their next one, as they did while ``pin`` was their sharer."""
+    mine = alloc.id in pin.written
+    for other in list(alloc.pins.values()):  # a copy: other threads record and build meanwhile
+        if mine or alloc.id in other.written:
+            other.pending.add(last)
+
+
+_change_ids = itertools.count(1)
 _holding_changes = [0]
 
 
 def holdings_changed() -> None:
     """What pins hold has changed (a graph built, re-pinned or closed): every pin makes its list of
-    sharers again before its next replay."""
-    _holding_changes[0] += 1
+    sharers again before its next replay. A new id, not an increment: two threads' changes at
+    once must not store one value twice (a pin that made its list in between would keep it)."""
+    _holding_changes[0] = next(_change_ids)
 
 
 def _sharers_of(pin: Pin) -> list[Pin]:
     """The other pins that hold an allocation ``pin`` holds, where one of the two writes it. Graphs
     that only read the same memory (frozen weights) need no order between their replays."""
     found: dict[int, Pin] = {}
-    for alloc in pin.allocations.values():
-        start, end = alloc.address, alloc.address + alloc.nbytes
-        writes = pin.writes_to(start, end)
-        for other in alloc.pins.values():
-            if other is not pin and id(other) not in found and (writes or other.writes_to(start, end)):
+    written = pin.written
+    for alloc in list(pin.allocations.values()):
+        mine = alloc.id in written
+        for other in list(alloc.pins.values()):  # copies: other threads record and build meanwhile
+            if other is not pin and (mine or alloc.id in other.written):
                 found[id(other)] = other
     return list(found.values())
 
 
 def repin(pin: Pin, borrows: Iterable[Borrow]) -> None:
     """Make ``pin`` hold exactly what ``borrows`` touch. Allocations no longer used lose the pin (their
-    release then waits for the replays so far, as at close); newly used ones gain it, and the next
-    replay waits for the eager work already queued on them."""
+    release then waits for the replays so far, as at close, and so do the next replays of the
+    graphs that share them); newly used ones gain it, and the next replay waits for the eager work
+    already queued on them."""
     held: dict[int, Allocation] = {}
     writes: list[int] = []
+    written: set[int] = set()
     for b in borrows:
         alloc = b.alloc
         if b.mutable and b.start != b.end:
             writes += (b.start, b.end)
+            written.add(alloc.id)
         if alloc.id in held:
             continue
         for a in alloc.aliases() if len(alloc.region.members) > 1 else (alloc,):
             held[a.id] = a
     key = id(pin)
+    last = pin.last_stream
     for aid, a in pin.allocations.items():
         if aid not in held:
             a.pins.pop(key, None)
             a.users |= pin.replayed_on
+            if last is not None:
+                _hand_on_replay(pin, a, last)
     for aid, a in held.items():
         if aid not in pin.allocations:
             a.pins[key] = pin
             pin.pending |= a.users
     pin.allocations = held
     pin.writes = writes
+    pin.written = written
     holdings_changed()
 
 
@@ -189,7 +215,7 @@ def note_eager_use(borrows: Iterable[Borrow], native_stream: object, backend: Ba
         alloc.users.add(native_stream)
         if alloc.pins or alloc.closed_replays or len(alloc.region.members) > 1:
             for a in alloc.aliases():
-                for pin in a.pins.values():
+                for pin in list(a.pins.values()):  # a copy: other threads record and build meanwhile
                     pin.pending.add(native_stream)
                     caught = pin.caught_up  # before last_stream: a replay meanwhile replaces the set
                     _after_replay(native_stream, pin.last_stream, caught, backend)
@@ -205,18 +231,30 @@ def _after_replay(native_stream: object, last: object, caught: set[object], back
         caught.add(native_stream)
 
 
-def order_replay(pin: Pin, native_stream: object, backend: Backend) -> None:
-    """Make ``native_stream`` wait for what must precede a replay of ``pin``'s graph on it."""
+# Held around the ordering and launch of a replay of a graph that has sharers: two of them launched
+# from two threads at once would each read the other's previous replay, and then overlap.
+SHARED_REPLAYS = threading.Lock()
+
+
+def sharers(pin: Pin) -> list[Pin]:
+    """The pins whose replays ``pin``'s must follow (_sharers_of), made again after a change."""
     if pin.sharers_made != _holding_changes[0]:
         pin.sharers_made = _holding_changes[0]
         pin.sharers = _sharers_of(pin)
-    for sharer in pin.sharers:  # another graph's replay on another stream may still use the memory
-        _after_replay(native_stream, sharer.last_stream, sharer.caught_up, backend)
+    return pin.sharers
+
+
+def order_replay(pin: Pin, native_stream: object, backend: Backend) -> None:
+    """Make ``native_stream`` wait for what must precede a replay of ``pin``'s graph on it (with
+    SHARED_REPLAYS held, when ``pin`` has sharers)."""
+    for sharer in sharers(pin):  # another graph's replay on another stream may still use the memory
+        caught = sharer.caught_up  # before last_stream: a replay meanwhile replaces the set
+        _after_replay(native_stream, sharer.last_stream, caught, backend)
     last = pin.last_stream
     if last is not None and last is not native_stream:
         backend.wait_stream(native_stream, last)
     if pin.pending:
-        for other in pin.pending:
+        for other in list(pin.pending):  # a copy: eager work on other threads adds to it
             if other is not native_stream and other is not last:
                 backend.wait_stream(native_stream, other)
         pin.pending.clear()

@@ -37,6 +37,9 @@ class Op(Generic[R_co]):
         raise not_an_op(self)  # every op scopegraph builds has its own
 
 
+_PACKAGE = __name__.rpartition(".")[0] + "."  # "scopegraph.", or wherever a copy of it lives
+
+
 def unknown_kind(op: GraphNode) -> NotAGraphNodeError:
     """The refusal of a GraphNode subclass that scopegraph does not define."""
     return NotAGraphNodeError(
@@ -76,7 +79,7 @@ class GraphNode(Op[None]):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        cls.built_in = cls.__module__.startswith("scopegraph.")
+        cls.built_in = cls.__module__.startswith(_PACKAGE)
 
     def _claim(self, borrows: list[Borrow]) -> None:
         """Validate this op's borrows (one device, alive, not frozen, no aliasing) and remember its device."""

@@ -506,7 +506,14 @@ def test_a_host_seed_that_is_no_number_is_named_not_ignored(value: str, warned: 
         assert value == "" or seed == value
 
 
-@pytest.mark.parametrize("obj", [3, [1.0, 2.0], range(3)], ids=["int", "list", "range"])
+class _FreshArray:
+    """Hands out a new array each time: its values, not memory to share."""
+
+    def __array__(self, dtype: object = None, copy: object = None) -> np.ndarray[Any, Any]:
+        return np.zeros(4, np.float32)
+
+
+@pytest.mark.parametrize("obj", [3, [1.0, 2.0], range(3), _FreshArray()], ids=["int", "list", "range", "fresh"])
 def test_wrapping_what_has_no_memory_to_share_is_refused(obj: object) -> None:
     """from_dlpack wraps memory without a copy; numpy's asarray of a list or a number made a new
     array, so the "wrapper" was a copy and writes to it were lost."""

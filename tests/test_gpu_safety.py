@@ -223,15 +223,16 @@ def test_a_graph_launched_on_two_streams_in_turn_never_overlaps_itself(cuda: sg.
         assert float(x.numpy()[0]) == 10.0
 
 
-@pytest.mark.parametrize("order", ["writer first", "reader first"])
+@pytest.mark.parametrize("order", ["writer first", "reader first", "writer first, closed"])
 def test_two_graphs_sharing_memory_on_two_streams_are_ordered(cuda: sg.Device, order: str) -> None:
     """A prefill graph writes `cache` on one stream, a decode graph reads it on another: each
-    replay waits for the other graph's last one. The graph launched first is the slow one (it
-    spins before it touches `cache`), so a second graph that started at once would read the old
-    values (writer first) or overwrite them before they are read (reader first)."""
+    replay waits for the other graph's last one, also once the other is closed. The graph launched
+    first is the slow one (it spins before it touches `cache`), so a second graph that started at
+    once would read the old values (writer first) or overwrite them before they are read (reader
+    first)."""
     a, b = cuda.stream(), cuda.stream()
     cache, out = cuda.full((N,), 1.0, name="cache"), cuda.zeros((N,), name="out")
-    slow = order == "writer first"
+    slow = order.startswith("writer first")
     with CudaGraph.scope(a) as s:
         s.record(slow_fill[N // 256, 256](cache.mut(), 2.0, N, CYCLES if slow else 0))
     writer = s.graph
@@ -241,6 +242,8 @@ def test_two_graphs_sharing_memory_on_two_streams_are_ordered(cuda: sg.Device, o
     with writer, reader:
         first, second = (writer, reader) if slow else (reader, writer)
         first.launch()
+        if order.endswith("closed"):
+            first.close()
         second.launch()
         second.stream.sync()
         np.testing.assert_array_equal(out.numpy(), 2.0 if slow else 1.0)

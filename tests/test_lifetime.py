@@ -155,8 +155,21 @@ def test_graphs_that_share_written_memory_follow_each_others_replays() -> None:
     assert waits == [("b", "a")]
     reader.rebind({cache: other})  # now reads `other`, which the bystander writes
     assert _sharers_of(pins[writer]) == [] and _sharers_of(pins[reader]) == [pins[bystander]]
-    order_replay(pins[writer], "d", backend)  # its own last replay only, not the reader's on "b"
+    # The writer's next replay: its own last one, and the reader's on "b", which read `cache` until
+    # the rebind (it may still run), but not later reader replays (they no longer touch `cache`).
+    order_replay(pins[writer], "d", backend)
     order_replay(pins[bystander], "e", backend)
-    assert waits == [("b", "a"), ("d", "a"), ("e", "b"), ("e", "c")]
-    bystander.close()
+    assert waits == [("b", "a"), ("d", "a"), ("d", "b"), ("e", "b"), ("e", "c")]
+    bystander.close()  # its replay on "e" may still run: the reader's next replay waits for it
     assert _sharers_of(pins[reader]) == []
+    del waits[:]
+    order_replay(pins[reader], "f", backend)
+    assert set(waits) == {("f", "b"), ("f", "e")}
+    reader.rebind({other: cache})  # back to `cache`: the bystander is gone, the writer shares again
+    del waits[:]
+    order_replay(pins[writer], "g", backend)
+    assert set(waits) == {("g", "f"), ("g", "d")}
+    writer.rebind({cache: out})  # moves off `cache` while its replay on "g" may still run
+    del waits[:]
+    order_replay(pins[reader], "h", backend)
+    assert ("h", "g") in waits

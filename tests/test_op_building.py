@@ -289,6 +289,12 @@ def test_a_host_reference_sees_the_template_arguments_and_reaches_every_derived_
     for kernel, value in ((tv.generics(2), 2.0), (tv.generics(3), 3.0), (fast.generics(5), 5.0)):
         stream.run(kernel[1, 4](y.mut(), 4))
         np.testing.assert_array_equal(y.numpy(), value)
+    own = tv.rebuilt(options=(("use_fast_math", False),))
+    own.host(lambda out, n, *, template_args: out.fill(-1.0))  # its own reference ...
+    tv.host(lambda out, n, *, template_args: out.fill(7.0))  # ... stays when the base's changes
+    for kernel, value in ((own.generics(1), -1.0), (tv.generics(1), 7.0), (fast.generics(1), 7.0)):
+        stream.run(kernel[1, 4](y.mut(), 4))
+        np.testing.assert_array_equal(y.numpy(), value)
 
 
 def test_a_scalar_annotated_with_a_dtype_object_names_its_alias() -> None:
