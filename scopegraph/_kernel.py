@@ -36,6 +36,8 @@ P = ParamSpec("P")
 Name = TypeVar("Name", covariant=True)
 
 Dim = int | tuple[int] | tuple[int, int] | tuple[int, int, int]
+# kernel(launch_check=): (grid, block, template_args) -> why that shape cannot run, or None.
+LaunchCheck = Callable[[tuple[int, int, int], tuple[int, int, int], tuple[str, ...]], "str | None"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -340,6 +342,7 @@ class Kernel(Generic[P]):
         pdl: bool = False,
         reads_before_wait: Sequence[str] | frozenset[str] = (),
         max_shared_bytes: int | None = None,
+        launch_check: LaunchCheck | None = None,
     ) -> None:
         self.__wrapped__ = fn
         self.__name__ = fn.__name__
@@ -372,6 +375,8 @@ class Kernel(Generic[P]):
         # The dynamic shared memory a launch may ask for: 48 KiB, or what the declaration says; past
         # 48 KiB the CUDA backend raises the loaded kernel's limit, as far as its GPU allows.
         self.max_shared_bytes = _max_shared_bytes(max_shared_bytes, cpp_name)
+        # What the kernel's code assumes of its launch shape (see kernel()): checked per shape.
+        self.launch_check = launch_check
         # The C++ expression NVRTC resolves: ``name`` or ``name<args>`` for a template.
         self.name_expression = cpp_name if not template_args else f"{cpp_name}<{', '.join(template_args)}>"
         # See template_parameters. Both are set here, not first on a launch: an attribute added to
@@ -455,6 +460,7 @@ class Kernel(Generic[P]):
             self.pdl,
             self.reads_before_wait,
             self.max_shared_bytes,
+            self.launch_check,
         )
         self._derived.add(derived)
         return derived
@@ -492,6 +498,16 @@ class Kernel(Generic[P]):
             )
         grid = _dim3(launch[0], "grid", self.cpp_name)
         block = _dim3(launch[1], "block", self.cpp_name)
+        if self.launch_check is not None:
+            problem = self.launch_check(grid, block, self.template_args)
+            if problem:
+                raise SignatureError(
+                    diagnostic(
+                        f"`{self.name_expression}` cannot run as [{grid}, {block}]: {problem}",
+                        ["its declaration's launch_check refused the shape: the kernel's code assumes otherwise"],
+                        help="launch it with a shape its check accepts (a library kernel's *_op helper picks one)",
+                    )
+                )
         launcher: Launcher[P, str] = Launcher(
             self, grid, block, _shared_bytes(launch[2], self) if len(launch) == 3 else 0
         )
@@ -654,6 +670,7 @@ def kernel(
     pdl: bool = False,
     reads_before_wait: Sequence[str] = (),
     max_shared_bytes: int | None = None,
+    launch_check: LaunchCheck | None = None,
 ) -> Callable[[Callable[P, None]], Kernel[P]]:
     """Declare a CUDA C++ kernel. The C++ name defaults to the Python function's name.
 
@@ -681,9 +698,21 @@ def kernel(
     ``cudaFuncAttributeMaxDynamicSharedMemorySize``). The GPU's own limit (227 KiB a block on sm_90, less
     on older GPUs, minus the kernel's static shared memory) is checked when a launch is run or
     recorded: past it is a LaunchResourceError.
+
+    ``launch_check(grid, block, template_args)`` says why a launch shape cannot run the kernel (a
+    str), or None when it can: for the rules its code assumes and no driver checks (whole warps, a
+    block of the template's size, a one-dimensional grid). It runs once per launch shape, when
+    the first op of that shape is built; a shape it refuses is a SignatureError there.
     """
 
     declared = _check_declaration(source, name, options, touches, pdl, reads_before_wait)
+    if launch_check is not None and not callable(launch_check):
+        raise SignatureError(
+            diagnostic(
+                f"@sg.kernel(..., launch_check={launch_check!r}): not a function",
+                help="pass a function (grid, block, template_args) -> str | None, or leave it out",
+            )
+        )
 
     def wrap(fn: Callable[P, None]) -> Kernel[P]:
         if not inspect.isfunction(fn):
@@ -704,6 +733,7 @@ def kernel(
             pdl=pdl,
             reads_before_wait=reads_before_wait,
             max_shared_bytes=max_shared_bytes,
+            launch_check=launch_check,
         )
 
     return wrap

@@ -52,22 +52,53 @@ NARROW_CHUNK = 4
 NARROW_K = 4 * 32 * NARROW_CHUNK
 
 
-@kernel(SOURCE, touches={"out": "n"}, pdl=True)
+# What the kernels' code assumes of a launch shape, and no driver checks (kernel(launch_check=)):
+# the raw kernels are public, and a shape they do not expect computes something else on a GPU
+# (or, for a matvec under 32 threads, never ends), while the host reference would compute the
+# intended result.
+Shape = tuple[int, int, int]
+
+
+def one_dimensional(grid: Shape, block: Shape, template_args: tuple[str, ...]) -> str | None:
+    """Indices from blockIdx.x and threadIdx.x only: more blocks or threads in y or z repeat them."""
+    if grid[1:] != (1, 1) or block[1:] != (1, 1):
+        return "its threads index by x only; grid and block must be one-dimensional"
+    return None
+
+
+def whole_warps(grid: Shape, block: Shape, template_args: tuple[str, ...]) -> str | None:
+    """The matvec family: a warp per row, rows dealt out by warp (a block under 32 threads has no
+    warp and would loop for ever), at most 256 threads (its __launch_bounds__)."""
+    threads = block[0]
+    if threads % 32 or not 32 <= threads <= 256:
+        return f"a block is whole warps of 32 threads, 32 to 256 of them, not {threads}"
+    return one_dimensional(grid, block, template_args)
+
+
+def template_block(grid: Shape, block: Shape, template_args: tuple[str, ...]) -> str | None:
+    """rms_norm<BS>: each block's BS threads cover a row; another block size skips or repeats elements."""
+    size = int(template_args[0])
+    if block != (size, 1, 1):
+        return f"rms_norm<{size}> runs in blocks of exactly {size} threads"
+    return one_dimensional(grid, block, template_args)
+
+
+@kernel(SOURCE, touches={"out": "n"}, pdl=True, launch_check=one_dimensional)
 def fill(out: MutF32, value: dt.f32, n: dt.i32) -> None:
     """out[:n] = value"""
 
 
-@kernel(SOURCE, touches={"out": "n", "a": "n", "b": "n"}, pdl=True)
+@kernel(SOURCE, touches={"out": "n", "a": "n", "b": "n"}, pdl=True, launch_check=one_dimensional)
 def add(out: MutF32, a: F32, b: F32, n: dt.i32) -> None:
     """out[:n] = a[:n] + b[:n]"""
 
 
-@kernel(SOURCE, touches={"out": "n", "x": "n"}, pdl=True)
+@kernel(SOURCE, touches={"out": "n", "x": "n"}, pdl=True, launch_check=one_dimensional)
 def axpy(out: MutF32, x: F32, a: dt.f32, n: dt.i32) -> None:
     """out[:n] += a * x[:n]"""
 
 
-@kernel(SOURCE, touches={"out": "n"}, pdl=True)
+@kernel(SOURCE, touches={"out": "n"}, pdl=True, launch_check=one_dimensional)
 def add_scalar(out: MutF32, value: dt.f32, n: dt.i32) -> None:
     """out[:n] += value"""
 
@@ -77,32 +108,48 @@ def noop() -> None:
     """Nothing: the cost of a node itself."""
 
 
-@kernel(SOURCE, touches={"out": "grid_x * d", "x": "grid_x * d", "w": "d"}, pdl=True, reads_before_wait=("w",))
+@kernel(
+    SOURCE,
+    touches={"out": "grid_x * d", "x": "grid_x * d", "w": "d"},
+    pdl=True,
+    reads_before_wait=("w",),
+    launch_check=template_block,
+)
 def rms_norm(out: MutF32, x: F32, w: F32, eps: dt.f32, d: dt.i32) -> None:
     """Each of the grid's rows: out = x * rsqrt(mean(x**2) + eps) * w. Template argument: block size."""
 
 
-@kernel(SOURCE, touches={"out": "n", "x": "k", "w": "n * k"}, pdl=True, reads_before_wait=("w",))
+@kernel(
+    SOURCE, touches={"out": "n", "x": "k", "w": "n * k"}, pdl=True, reads_before_wait=("w",), launch_check=whole_warps
+)
 def matvec(out: MutF32, x: F32, w: F32Matrix, n: dt.i32, k: dt.i32) -> None:
     """out[:n] = w[:n, :k] @ x[:k]. Blocks of at most 256 threads; k * 4 bytes of shared memory for the fast path."""
 
 
-@kernel(SOURCE, touches={"out": "n", "x": "k", "w": "n * k"}, pdl=True, reads_before_wait=("w",))
+@kernel(
+    SOURCE, touches={"out": "n", "x": "k", "w": "n * k"}, pdl=True, reads_before_wait=("w",), launch_check=whole_warps
+)
 def matvec_add(out: MutF32, x: F32, w: F32Matrix, n: dt.i32, k: dt.i32) -> None:
     """out[:n] += w[:n, :k] @ x[:k] (a matvec with the residual add fused in)."""
 
 
-@kernel(SOURCE, touches={"out": "n", "x": "k", "nw": "k", "w": "n * k"}, pdl=True, reads_before_wait=("w",))
+@kernel(
+    SOURCE,
+    touches={"out": "n", "x": "k", "nw": "k", "w": "n * k"},
+    pdl=True,
+    reads_before_wait=("w",),
+    launch_check=whole_warps,
+)
 def rms_norm_matvec(out: MutF32, x: F32, nw: F32, w: F32Matrix, eps: dt.f32, n: dt.i32, k: dt.i32) -> None:
     """out[:n] = w[:n, :k] @ (x[:k] * nw[:k]) * rsqrt(mean(x[:k]**2) + eps): RMSNorm fused into the matvec after it."""
 
 
-@kernel(SOURCE, touches={"flag": "1"})
+@kernel(SOURCE, touches={"flag": "1"}, launch_check=one_dimensional)
 def count_down(flag: MutI32) -> None:
     """flag[0] -= 1 (one thread): the counter of a loop ``with s.while_(flag)`` that runs flag times."""
 
 
-@kernel(SOURCE, touches={"out": "limit * d", "position": "1", "flag": "1", "x": "d"})
+@kernel(SOURCE, touches={"out": "limit * d", "position": "1", "flag": "1", "x": "d"}, launch_check=one_dimensional)
 def append_row(out: MutF32, position: MutI32, flag: MutI32, x: F32, d: dt.i32, limit: dt.i32) -> None:
     """out[row, :d] = x[:d] for row = position[0] < limit; then position[0] += 1 and
     flag[0] = position[0] < limit. Launch one block: a decode loop's "emit this token"."""

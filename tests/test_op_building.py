@@ -297,6 +297,44 @@ def test_a_host_reference_sees_the_template_arguments_and_reaches_every_derived_
         np.testing.assert_array_equal(y.numpy(), value)
 
 
+def test_launch_shapes_a_kernel_does_not_expect_are_refused_when_the_op_is_built() -> None:
+    """The library's raw kernels assume their shapes: on a GPU a matvec in blocks of 16 threads
+    never ended, rms_norm<256> in blocks of 128 left half of each row unwritten, and a 2-D launch
+    of an elementwise kernel repeated its += (the host reference computed the intended result)."""
+    dev = sg.device("host")
+    x, w, y = dev.zeros((64,), name="x"), dev.zeros((64, 64), name="w"), dev.zeros((64,), name="y")
+    row, normed, gain = dev.zeros((1, 256), name="row"), dev.zeros((1, 256), name="normed"), dev.zeros((256,))
+    flag = dev.zeros((1,), sg.i32, name="flag")
+    refused: list[tuple[Any, str]] = [
+        (
+            lambda: library.matvec[1, 16](y.mut(), x, w, 64, 64),
+            r"\[\(1, 1, 1\), \(16, 1, 1\)\]: a block is whole warps",
+        ),
+        (lambda: library.matvec_add[1, 300](y.mut(), x, w, 64, 64), "32 to 256 of them, not 300"),
+        (lambda: library.rms_norm.generics(256)[1, 128](normed.mut(), row, gain, 1e-5, 256), "exactly 256 threads"),
+        (lambda: library.axpy[(1, 2), 32](y.mut(), x, 1.0, 64), "must be one-dimensional"),
+        (lambda: library.count_down[1, (1, 2)](flag.mut()), "must be one-dimensional"),
+    ]
+    for build, message in refused:
+        with pytest.raises(SignatureError, match=message) as info:
+            build()
+        assert "help: launch it with a shape its check accepts" in str(info.value)
+    library.matvec[2, 64](y.mut(), x, w, 64, 64)  # whole warps: fine
+    library.rms_norm.generics(256)[1, 256](normed.mut(), row, gain, 1e-5, 256)
+
+    def at_most_one_block(grid: Any, block: Any, template_args: tuple[str, ...]) -> str | None:
+        return None if grid == (1, 1, 1) else "it synchronises through shared memory: one block"
+
+    @sg.kernel('extern "C" __global__ void one(float* out) {}', launch_check=at_most_one_block)
+    def one(out: Mut[Tensor]) -> None: ...
+
+    one[1, 32](y.mut())
+    with pytest.raises(SignatureError, match=r"`one` cannot run as \[\(2, 1, 1\), .*: .*one block"):
+        one[2, 32](y.mut())
+    with pytest.raises(SignatureError, match="launch_check=3"):
+        sg.kernel("", launch_check=3)  # type: ignore[arg-type]
+
+
 def test_a_scalar_annotated_with_a_dtype_object_names_its_alias() -> None:
     """sg.float32 (a dtype) where sg.f32 (the alias mypy reads as float) belongs: the message said
     "has annotation sg.f32 ... annotate it with one of those (sg.f32, ...)"."""
