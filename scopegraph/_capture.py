@@ -747,13 +747,17 @@ class Region:
             if exc is not None:
                 if capture is not None:
                     capture.abort()
-                if capture is not None and isinstance(exc, Exception) and not isinstance(exc, ScopeGraphError):
+                if isinstance(exc, Exception) and not isinstance(exc, ScopeGraphError):
+                    # A CaptureError on every backend, so a program tested on the host fails alike on a GPU.
                     raise _failed(
                         f"the capture of {what} failed",
                         self.location,
                         exc,
                         "keep the region's work capturable: no allocation, no synchronisation, no copy to the "
-                        "host; launch everything on the region's stream",
+                        "host; launch everything on the region's stream"
+                        if capture is not None
+                        else "fix the code inside the region (on the host backend nothing is captured: the "
+                        "region's host callable stands for its work at each replay)",
                     ) from exc
                 return  # not recorded; the scope stays usable (and abandons itself if the error escapes)
             if capture is not None:
