@@ -77,7 +77,10 @@ def whole_warps(grid: Shape, block: Shape, template_args: tuple[str, ...]) -> st
 
 def template_block(grid: Shape, block: Shape, template_args: tuple[str, ...]) -> str | None:
     """rms_norm<BS>: each block's BS threads cover a row; another block size skips or repeats elements."""
-    size = int(template_args[0])
+    try:
+        size = int(template_args[0])
+    except ValueError:  # C++ text such as "2 * 128": the compiler's to read
+        return one_dimensional(grid, block, template_args)
     if block != (size, 1, 1):
         return f"rms_norm<{size}> runs in blocks of exactly {size} threads"
     return one_dimensional(grid, block, template_args)
