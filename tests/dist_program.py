@@ -90,6 +90,24 @@ def main() -> int:
         check(r, f"graph replay {step}: all_gather", everyone.numpy(), np.concatenate([zs] * n))
     graph.close()
 
+    # -- a graph of the other two: reduce_scatter and broadcast between kernels ----------------
+    spread = dev.from_numpy(np.tile(mine(r), n), name="spread")
+    piece, shared = dev.zeros((8,), name="piece"), dev.from_numpy(mine(r), name="shared")
+    with CudaGraph.scope(stream) as s:
+        s.record(library.add_scalar_op(spread.mut(), 1.0))  # spread += 1
+        s.record(comm.reduce_scatter(piece.mut(), spread))  # piece = this rank's slice of the sum
+        s.record(library.add_scalar_op(shared.mut(), float(r)))  # shared += rank
+        s.record(comm.broadcast(shared.mut(), root=n - 1))  # shared = the last rank's
+    spreads, last = [mine(k) for k in range(n)], mine(n - 1)
+    with s.graph as graph:
+        for step in range(3):
+            graph.launch()
+            graph.sync()
+            spreads = [v + 1 for v in spreads]
+            last = last + (n - 1)
+            check(r, f"graph replay {step}: reduce_scatter", piece.numpy(), total_of(spreads))
+            check(r, f"graph replay {step}: broadcast", shared.numpy(), last)
+
     # -- mismatches are errors on every rank, not hangs ---------------------------------------
     try:
         with CudaGraph.scope(stream) as s:

@@ -362,6 +362,34 @@ def test_a_host_callable_that_goes_past_its_views_is_a_bounds_error(
 
 
 @pytest.mark.sg_cuda
+def test_a_graph_keeps_what_its_captured_work_needs_alive() -> None:
+    """Issue 12: "the region keeps whatever the captured graph needs alive for as long as the
+    scopegraph graph lives": every name the capture used is dropped, torch's pool is churned,
+    and the replays still compute what torch eager does."""
+    torch = pytest.importorskip("torch")
+    dev = sg.device("cuda")
+    stream = dev.stream()
+    rng = np.random.default_rng(1)
+    A, B = rng.standard_normal((64, 32), dtype=np.float32), rng.standard_normal((32, 48), dtype=np.float32)
+    a, b, c = dev.from_numpy(A, name="a"), dev.from_numpy(B, name="b"), dev.zeros((64, 48), name="c")
+    ta, tb, tc = torch.from_dlpack(a), torch.from_dlpack(b), torch.from_dlpack(c)
+    with CudaGraph.scope(stream) as s, s.capture(reads=[a, b], writes=[c.mut()], via="torch", name="mm") as region:
+        torch.matmul(ta, tb, out=tc)
+    graph = s.graph
+    del s, region, ta, tb, tc
+    gc.collect()
+    torch.cuda.empty_cache()
+    churn = [torch.full((1 << 20,), -7.0, device="cuda") for _ in range(8)]
+    want = (torch.from_numpy(A) @ torch.from_numpy(B)).numpy()
+    with graph:
+        for _ in range(3):
+            graph.launch()
+            graph.sync()
+            np.testing.assert_allclose(c.numpy(), want, rtol=1e-4, atol=1e-3)
+    del churn
+
+
+@pytest.mark.sg_cuda
 def test_torch_matmul_between_scopegraph_kernels() -> None:
     torch = pytest.importorskip("torch")
     dev = sg.device("cuda")

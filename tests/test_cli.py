@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -339,3 +340,28 @@ def test_a_launch_environment_that_is_not_right_is_refused_with_its_help_line(
         code, out, err = run_main(["demo", "--device", "cuda", "--gpus", "1"], capsys)
         assert_refused(code, out, err, "argument --device: selecting device 'cuda:0' failed", lines=2)
         assert err.splitlines()[1] == "help: the info command lists the GPUs here; or use --device host"
+
+
+def test_every_bench_suite_runs_on_the_host_and_gets_its_section(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`bench --quick` with every suite (CI has no GPU: the figures mean nothing, the code paths do):
+    each suite's results in bench.json, and each numbered section in bench.txt."""
+    code, _, _ = run_main(["bench", "--quick", "--device", "host", "--out", str(tmp_path)], capsys)
+    assert code == 0
+    result = json.loads((tmp_path / "bench.json").read_text())
+    assert set(SUITES) <= set(result)
+    table = (tmp_path / "bench.txt").read_text()
+    for section in ("## 1.", "## 2.", "## 2b.", "## 2c.", "## 3.", "## 4.", "## 5.", "## 6.", "## 7.", "## 8."):
+        assert f"\n{section} " in table, section
+
+
+def test_the_demo_runs_the_seeds_model_by_default_on_a_gpu() -> None:
+    """Issue 13: on a GPU the demo is the seed's model (22 layers, d=2048) unless told otherwise."""
+    from types import SimpleNamespace
+
+    from scopegraph._cli.demo import Size, default_size
+
+    gpu: Any = SimpleNamespace(is_cuda=True)
+    assert default_size(gpu) == Size(d=2048, layers=22, tokens=512)
+    assert default_size(sg.device("host")).layers == 22

@@ -78,6 +78,9 @@ def test_a_two_process_program_on_the_host_backend() -> None:
         assert f"rank {r}: ALL OK" in out
         assert f"rank {r}: graph replay 2: all_gather: ok" in out
         assert (
+            f"rank {r}: graph replay 2: reduce_scatter: ok" in out and f"rank {r}: graph replay 2: broadcast: ok" in out
+        )
+        assert (
             f"rank {r}: recorded mismatch caught: rank {r} of 2: "
             "the ranks disagree on the collectives of the recorded graph" in out
         )
@@ -333,15 +336,15 @@ def test_socket_bootstrap_times_out_without_peers() -> None:
 # -- two GPUs: the same program on NCCL, under torchrun ----------------------------------------
 
 
-@pytest.mark.sg_cuda
-def test_a_two_process_program_on_two_gpus() -> None:
+def _torchrun_two_gpus(*args: str) -> subprocess.CompletedProcess[str]:
+    """``torchrun --nproc-per-node 2`` of ``args`` on this machine's first two GPUs (skips with fewer)."""
     if cuda_device_count() < 2:
         pytest.skip("needs 2 GPUs")
     pytest.importorskip("torch")
     pytest.importorskip("nccl.core")
     env = child_env(NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1")
     env.pop("SCOPEGRAPH_DEVICE", None)
-    done = subprocess.run(
+    return subprocess.run(
         [
             sys.executable,
             "-m",
@@ -350,7 +353,7 @@ def test_a_two_process_program_on_two_gpus() -> None:
             "2",
             "--master-port",
             str(free_port()),
-            str(PROGRAM),
+            *args,
         ],
         capture_output=True,
         text=True,
@@ -358,10 +361,24 @@ def test_a_two_process_program_on_two_gpus() -> None:
         cwd=ROOT,
         env=env,
     )
+
+
+@pytest.mark.sg_cuda
+def test_a_two_process_program_on_two_gpus() -> None:
+    done = _torchrun_two_gpus(str(PROGRAM))
     assert done.returncode == 0, done.stdout + done.stderr
     for r in range(2):
         assert f"rank {r}: ALL OK" in done.stdout
         assert f"rank {r} of 2 on cuda:{r} (torch bootstrap)" in done.stdout
+
+
+@pytest.mark.sg_cuda
+def test_the_tensor_parallel_demo_matches_the_one_gpu_model() -> None:
+    """Issue 12: the seed model split over 2 GPUs (NCCL all-reduces inside each rank's graph) gives
+    the 1-GPU model's tokens, within float tolerance (the demo validates and says OK)."""
+    done = _torchrun_two_gpus("-m", "scopegraph", "demo", "--gpus", "2", "--d", "256", "--layers", "2", "--tokens", "4")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert re.search(r"validation: .* split over 2 ranks vs the single-GPU model: .*: OK", done.stdout), done.stdout
 
 
 def test_nccl_calls_carry_pointers_counts_and_dtypes(monkeypatch: pytest.MonkeyPatch) -> None:

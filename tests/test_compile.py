@@ -55,7 +55,15 @@ def build(kernel: sg.Kernel) -> Built:  # type: ignore[type-arg]
     return Built(compile_kernel(kernel, "sm_90"))
 
 
-@pytest.mark.parametrize("kernel", library.ALL_KERNELS, ids=lambda k: k.name_expression)
+# Every rms_norm block rms_norm_op may pick (a multiple of 32 from 128 to 1024), not only the seed's.
+RMS_NORM_BLOCKS = sorted({library.rms_norm_block(d) for d in range(1, 40_000, 7)})
+
+
+@pytest.mark.parametrize(
+    "kernel",
+    [*library.ALL_KERNELS, *(library.rms_norm.generics(b) for b in RMS_NORM_BLOCKS)],
+    ids=lambda k: k.name_expression,
+)
 def test_every_library_kernel_compiles_for_sm_90(kernel: sg.Kernel) -> None:  # type: ignore[type-arg]
     code = build(kernel)
     assert kernel.name_expression in code.symbols

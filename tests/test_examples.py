@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import subprocess
 import sys
@@ -95,6 +96,14 @@ def test_example_runs_and_shows_what_it_claims(name: str, sg_device: sg.Device) 
     assert "NOT CAUGHT" not in done.stdout
     for claim in CLAIMS[name]:
         assert re.search(claim, done.stdout), f"{name} should print {claim!r}; it printed:\n{done.stdout}"
+    library = FOREIGN.get(name)
+    if sg_device.is_cuda and library is not None and importlib.util.find_spec(library) is not None:
+        # On a GPU with the library, the foreign work really was captured and checked against it.
+        assert "captured as one child-graph node" in done.stdout and " eager: max rel. error" in done.stdout
+
+
+# The examples whose region captures another library's work when that library is installed.
+FOREIGN = {"torch_matmul.py": "torch", "cupy_kernel.py": "cupy"}
 
 
 def test_every_example_is_tested() -> None:

@@ -10,7 +10,7 @@ skip without a GPU."""
 from __future__ import annotations
 
 import gc
-from typing import Annotated
+from typing import Annotated, Any
 
 import numpy as np
 import pytest
@@ -314,6 +314,82 @@ def test_dlpack_import_waits_for_the_producer(cuda: sg.Device) -> None:
     stream.run(sg.memcpy(out.mut(), x))
     stream.sync()
     np.testing.assert_array_equal(out.numpy(), 6.0)
+
+
+def test_numpy_waits_for_the_work_queued_on_the_tensor_on_any_stream(cuda: sg.Device) -> None:
+    """DESIGN section 1: numpy() "waits for pending work that writes x", with no sync of the
+    user's: an eager write on a stream of its own, and a replay launched on another stream."""
+    x = cuda.zeros((N,), name="x")
+    writer, other = cuda.stream(), cuda.stream()
+    writer.run(slow_fill[N // 256, 256](x.mut(), 3.0, N, CYCLES))
+    np.testing.assert_array_equal(x.numpy(), 3.0)
+    with CudaGraph.scope(writer) as s:
+        s.record(slow_fill[N // 256, 256](x.mut(), 5.0, N, CYCLES))
+    with s.graph as graph:
+        graph.launch(stream=other)
+        np.testing.assert_array_equal(x.numpy(), 5.0)
+
+
+def test_memory_scopegraph_borrowed_is_never_freed_by_it(cuda: sg.Device) -> None:
+    """A wrapper of torch's memory, used by a graph, freed, dropped and collected: torch's memory
+    is not handed out again (new scopegraph tensors filled with -7 would overwrite it)."""
+    torch = pytest.importorskip("torch")
+    t = torch.full((N,), 4.0, device="cuda")
+    x = sg.Tensor.from_dlpack(t, name="t")
+    out = cuda.zeros((N,), name="out")
+    stream = cuda.stream()
+    with CudaGraph.scope(stream) as s:
+        s.record(sg.memcpy(out.mut(), x))
+    with s.graph as graph:
+        graph.launch()
+        graph.sync()
+    x.free()
+    del x, s, graph
+    gc.collect()
+    fresh = [cuda.full((N,), -7.0) for _ in range(16)]
+    torch.cuda.synchronize()
+    assert torch.all(t == 4.0).item() and all(f.data_ptr != t.data_ptr() for f in fresh)
+
+
+class _OnlyCai:
+    """A producer that speaks only __cuda_array_interface__ (version 3, with its stream)."""
+
+    def __init__(self, t: Any, stream: int) -> None:
+        self.__cuda_array_interface__ = {
+            "shape": tuple(t.shape),
+            "typestr": "<f4",
+            "data": (t.data_ptr(), False),
+            "version": 3,
+            "strides": None,
+            "stream": stream,
+        }
+        self.keep = t
+
+
+def test_cuda_array_interface_exchanges_streams_both_ways(cuda: sg.Device) -> None:
+    """Import: the producer's stream (still writing) is waited for; the wrapper is one allocation
+    with a DLPack wrapper of the same memory. Export: a consumer (CuPy) that reads the tensor while
+    a slow kernel still writes it sees the final values."""
+    torch = pytest.importorskip("torch")
+    t = torch.zeros(N, dtype=torch.float32, device="cuda")
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(CYCLES)
+        t.fill_(6.0)
+    x = sg.Tensor.from_dlpack(_OnlyCai(t, side.cuda_stream), name="x")
+    out = cuda.zeros((N,), name="out")
+    stream = cuda.stream()
+    stream.run(sg.memcpy(out.mut(), x))
+    stream.sync()
+    np.testing.assert_array_equal(out.numpy(), 6.0)
+    same = sg.Tensor.from_dlpack(t, name="same")
+    with pytest.raises(sg.BorrowError):
+        sg.memcpy(x.mut(), same)
+    cp = pytest.importorskip("cupy")
+    y = cuda.zeros((N,), name="y")
+    stream.run(slow_fill[N // 256, 256](y.mut(), 2.0, N, CYCLES))
+    total = float(cp.asarray(y).sum())  # through __cuda_array_interface__ and its stream
+    assert total == 2.0 * N
 
 
 def test_zero_byte_copies_build_and_run(cuda: sg.Device) -> None:

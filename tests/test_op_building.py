@@ -365,3 +365,48 @@ def test_templates_are_found_in_the_declaration_only(name: str, parameters: str 
     """Comments, strings, calls and device functions are not declarations of a kernel; a kernel the
     source does not spell out (a header, a macro) is left to the compiler."""
     assert declared_template(TEMPLATES, name) == parameters
+
+
+ECHO = r"""
+extern "C" __global__ void echo(long long* ints, unsigned long long* big, double* real,
+                                signed char a, short b, unsigned char c, unsigned int d, long long e,
+                                unsigned long long f, double g) {
+    ints[0] = a; ints[1] = b; ints[2] = c; ints[3] = d; ints[4] = e;
+    big[0] = f; real[0] = g;
+}
+"""
+
+
+@sg.kernel(ECHO)
+def echo(
+    ints: Mut[Tensor],
+    big: Mut[Tensor],
+    real: Mut[Tensor],
+    a: sg.i8,
+    b: sg.i16,
+    c: sg.u8,
+    d: sg.u32,
+    e: sg.i64,
+    f: sg.u64,
+    g: sg.f64,
+) -> None: ...
+
+
+@echo.host
+def _echo(ints: Any, big: Any, real: Any, *scalars: Any) -> None:
+    a, b, c, d, e, f, g = scalars
+    ints[:] = [a, b, c, d, e]
+    big[0], real[0] = f, g
+
+
+def test_every_scalar_type_reaches_the_kernel_as_its_c_type(sg_device: sg.Device) -> None:
+    """Each scalar is passed as its declared C type (cuda.core reads a plain int as a pointer), at
+    the edges of its range: what the kernel writes back is exactly what was passed."""
+    ints, big = sg_device.zeros((5,), sg.i64, name="ints"), sg_device.zeros((1,), sg.u64, name="big")
+    real = sg_device.zeros((1,), sg.f64, name="real")
+    stream = sg_device.stream()
+    stream.run(
+        echo[1, 1](ints.mut(), big.mut(), real.mut(), -128, -(2**15), 255, 2**32 - 1, -(2**40), 2**63 + 5, 1 / 3)
+    )
+    assert ints.numpy().tolist() == [-128, -(2**15), 255, 2**32 - 1, -(2**40)]
+    assert int(big.numpy()[0]) == 2**63 + 5 and float(real.numpy()[0]) == 1 / 3
