@@ -180,7 +180,9 @@ class Memcpy(GraphNode):
 
 
 class Memset(GraphNode):
-    """Set every element of ``dst`` to ``value`` (elements of 1, 2 or 4 bytes, or a repeating 8-byte pattern)."""
+    """Set every element of ``dst`` to ``value``: elements of 1, 2 or 4 bytes, or 8-byte values whose
+    two 4-byte halves are equal (0, -1: what the driver's 4-byte fill repeats); another 8-byte value
+    is a SignatureError that names a kernel to use instead."""
 
     __slots__ = ("dst", "pattern", "value")
 
@@ -245,7 +247,7 @@ def memcpy(dst: Mut[Tensor], src: Tensor) -> Memcpy:
 
 
 def memset(dst: Mut[Tensor], value: float | int | bool) -> Memset:
-    """A graph node that fills ``dst`` with ``value``."""
+    """A graph node that fills ``dst`` with ``value`` (for 8-byte dtypes, see :class:`Memset`)."""
     return Memset(dst, value)
 
 

@@ -183,7 +183,8 @@ class DataflowTracker:
         segments = self._segments
         exact = segments.get(start)
         if exact is not None and exact.end == end:
-            exact.readers = _Readers(node, exact.readers)
+            if exact.readers is None or exact.readers.node != node:  # one read per segment and op
+                exact.readers = _Readers(node, exact.readers)
             return
         self._split(start)
         self._split(end)
@@ -193,7 +194,8 @@ class DataflowTracker:
             seg = segments[k]
             if k > cursor:
                 gaps.append((cursor, k))
-            seg.readers = _Readers(node, seg.readers)
+            if seg.readers is None or seg.readers.node != node:
+                seg.readers = _Readers(node, seg.readers)
             cursor = seg.end
         if cursor < end:
             gaps.append((cursor, end))

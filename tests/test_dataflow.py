@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -178,6 +179,24 @@ def test_a_write_after_many_readers_waits_for_each_of_them(sg_device: sg.Device,
         (join,) = [n for n in graph.nodes if isinstance(n.op, sg.Join)]
         assert first.deps == {r.index for r in reads} and second.deps == {join.index}
         assert join.deps == {r.index for r in reads}
+
+
+@pytest.mark.parametrize("readers", [8, 9])
+def test_an_op_that_reads_memory_twice_counts_as_one_reader(
+    sg_device: sg.Device, sg_stream: sg.Stream, readers: int
+) -> None:
+    """The join is for more than 8 readers (DESIGN section 4): 8 ops that each read x twice
+    (add(o, x, x)) are 8 readers, not 16, so two small writes after them make no join; 9 do."""
+    x = sg_device.zeros((64,), name="x")
+    outs = sg_device.zeros((readers, 32), name="outs")
+    with CudaGraph.scope(sg_stream) as s:
+        s.record(sg.memset(x.mut(), 1.0))
+        for i in range(readers):
+            s.record(library.add_op(outs[i].mut(), x[0:32], x[0:32]))
+        s.record(sg.memset(x[0:16].mut(), 2.0))
+        s.record(sg.memset(x[16:32].mut(), 3.0))
+    with s.graph as graph:
+        assert sum(isinstance(n.op, sg.Join) for n in graph.nodes) == (readers > 8)
 
 
 def test_many_readers_meet_one_writer_in_a_join(sg_device: sg.Device, sg_stream: sg.Stream) -> None:
