@@ -300,14 +300,22 @@ def test_dlpack_copy_is_made_after_the_writes_queued_on_another_stream(cuda: sg.
     assert total.item() == 4.0 * N
 
 
-def test_dlpack_import_waits_for_the_producer(cuda: sg.Device) -> None:
-    """Importing while torch's stream still writes: the wrapper is ready on every stream."""
+def _filled_late(value: float) -> tuple[Any, Any]:
+    """A torch tensor that a side stream of torch's fills with ``value`` after a spin, and that stream."""
     torch = pytest.importorskip("torch")
     t = torch.zeros(N, dtype=torch.float32, device="cuda")
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):
         torch.cuda._sleep(CYCLES)
-        t.fill_(6.0)
+        t.fill_(value)
+    return t, side
+
+
+def test_dlpack_import_waits_for_the_producer(cuda: sg.Device) -> None:
+    """Importing while torch's stream still writes: the wrapper is ready on every stream."""
+    torch = pytest.importorskip("torch")
+    t, side = _filled_late(6.0)
+    with torch.cuda.stream(side):
         x = sg.Tensor.from_dlpack(t, name="x")  # producer stream: `side`
     out = cuda.zeros((N,), name="out")
     stream = cuda.stream()
@@ -370,12 +378,7 @@ def test_cuda_array_interface_exchanges_streams_both_ways(cuda: sg.Device) -> No
     """Import: the producer's stream (still writing) is waited for; the wrapper is one allocation
     with a DLPack wrapper of the same memory. Export: a consumer (CuPy) that reads the tensor while
     a slow kernel still writes it sees the final values."""
-    torch = pytest.importorskip("torch")
-    t = torch.zeros(N, dtype=torch.float32, device="cuda")
-    side = torch.cuda.Stream()
-    with torch.cuda.stream(side):
-        torch.cuda._sleep(CYCLES)
-        t.fill_(6.0)
+    t, side = _filled_late(6.0)
     x = sg.Tensor.from_dlpack(_OnlyCai(t, side.cuda_stream), name="x")
     out = cuda.zeros((N,), name="out")
     stream = cuda.stream()
