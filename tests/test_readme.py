@@ -11,6 +11,7 @@ types, and CI runs exactly the second one.
 from __future__ import annotations
 
 import inspect
+import json
 import re
 import subprocess
 import sys
@@ -106,16 +107,42 @@ def test_block_parser() -> None:
     ]
 
 
+# `print(...)  # what it prints`: the comment is the output, or that with a part elided ("..."), or
+# the output followed by a remark (`# [] on the host backend; ...`). "about ..." is prose.
+PRINTS = re.compile(r"\bprint\(.*\)\s+# (?P<shown>.*)$")
+
+
+def shows(comment: str, printed: str) -> bool:
+    if comment.startswith("about "):
+        return True
+    if "..." in comment:  # what it elides: the middle, or the end
+        head, tail = comment.split("...", 1)
+        return printed.startswith(head.rstrip()) and printed.endswith(tail.strip())
+    return comment == printed or comment.startswith((printed + ":", printed + " "))
+
+
 def test_python_blocks_run_on_the_host_backend(tmp_path: Path) -> None:
+    """...and print what their `# ...` comments say they print (the first line of it)."""
     chosen = runnable()
-    # One namespace, one block after the other, each compiled under its own README line numbers.
+    # One namespace, one block after the other, each compiled under its own README line numbers;
+    # what each README line prints is kept, to compare with its comment.
     script = tmp_path / "run_readme.py"
+    printed = tmp_path / "printed.json"
     script.write_text(
-        "import sys\n"
-        "namespace = {'__name__': '__main__'}\n"
+        "import io, json, sys\n"
+        "shown = {}\n"
+        "def recording_print(*args, **kwargs):\n"
+        "    caller = sys._getframe(1)\n"
+        f"    if caller.f_code.co_filename == {str(README)!r} and 'file' not in kwargs:\n"
+        "        text = io.StringIO()\n"
+        "        print(*args, file=text, **kwargs)\n"
+        "        shown.setdefault(caller.f_lineno, text.getvalue())\n"
+        "    print(*args, **kwargs)\n"
+        "namespace = {'__name__': '__main__', 'print': recording_print}\n"
         f"for line, code in {[(b.line, b.code) for b in chosen]!r}:\n"
         "    print(f'--- README.md:{line}', flush=True)\n"
         f"    exec(compile('\\n' * (line - 1) + code, {str(README)!r}, 'exec'), namespace)\n"
+        f"open({str(printed)!r}, 'w').write(json.dumps(shown))\n"
     )
     env = child_env(SCOPEGRAPH_DEVICE="host")
     done = subprocess.run(
@@ -123,6 +150,17 @@ def test_python_blocks_run_on_the_host_backend(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
     assert done.stdout.count("--- README.md:") == len(chosen)
+    output = {int(line): text for line, text in json.loads(printed.read_text()).items()}
+    claims = [
+        (n, m["shown"]) for n, text in enumerate(README.read_text().splitlines(), 1) if (m := PRINTS.search(text))
+    ]
+    assert len(claims) >= 10 and all(n in output for n, _ in claims)
+    wrong = [
+        f"README.md:{n}: says {c!r}, prints {output[n].splitlines()[0]!r}"
+        for n, c in claims
+        if not shows(c, output[n].splitlines()[0])
+    ]
+    assert not wrong, "\n".join(wrong)
 
 
 def test_python_blocks_pass_mypy_strict_with_the_plugin(tmp_path: Path) -> None:
