@@ -25,6 +25,7 @@ The host backend runs work synchronously, so it keeps no stream bookkeeping at a
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import threading
 import weakref
@@ -41,8 +42,9 @@ class Pin:
     """What one graph or open scope holds on the allocations it uses.
 
     ``writes`` lists the absolute ranges it writes, flat (``freeze()`` is refused on them, and so is
-    ``numpy()`` while ``recording``: an open scope's writes have not run yet), and ``written`` the
-    ids of the allocations they are in (which graphs' replays must be ordered: ``sharers``);
+    ``numpy()`` while ``recording``: an open scope's writes have not run yet), and ``written``, for
+    a graph's pin, the ids of the allocations they are in (which graphs' replays must be ordered:
+    ``sharers``);
     ``pending`` the streams that ran eager work on its memory since its last replay;
     ``replayed_on`` every stream it was replayed on (the release of its memory waits for them);
     ``last_stream`` the stream of its last replay, and ``caught_up`` the streams made to wait for
@@ -84,10 +86,9 @@ class Pin:
         """Pin what an op touches (and, for foreign memory, every wrapper of the same bytes)."""
         held = self.allocations
         for b in borrows:
-            alloc = b.alloc
             if b.mutable and b.start != b.end:
                 self.writes += (b.start, b.end)
-                self.written.add(alloc.id)
+            alloc = b.alloc
             if alloc.id not in held:
                 for a in alloc.aliases() if len(alloc.region.members) > 1 else (alloc,):
                     held[a.id] = a
@@ -101,9 +102,11 @@ class Pin:
 
     def hand_to_graph(self, description: str) -> None:
         """An open scope's pin becomes its graph's: replayable from now on, by the graphs it shares
-        memory with too (their next replays look again)."""
+        memory with too (their next replays look again). What it writes is worked out here, once,
+        not on each record (recording sits in users' inner loops)."""
         self.description = description
         self.recording = False
+        self.written = _written_by(self)
         holdings_changed()
 
     def roll_back(self, mark: tuple[int, int]) -> None:
@@ -135,6 +138,18 @@ class Pin:
                 _hand_on_replay(self, alloc, last)
         self.allocations = {}
         holdings_changed()
+
+
+def _written_by(pin: Pin) -> set[int]:
+    """The ids of the allocations ``pin`` holds that its writes fall in (a write lies within one
+    allocation, so its start does): sorted starts, one bisection per allocation."""
+    starts = sorted(pin.writes[0::2])
+    found: set[int] = set()
+    for alloc in pin.allocations.values():
+        i = bisect.bisect_left(starts, alloc.address)
+        if i < len(starts) and starts[i] < alloc.address + alloc.nbytes:
+            found.add(alloc.id)
+    return found
 
 
 def _hand_on_replay(pin: Pin, alloc: Allocation, last: object) -> None:
