@@ -1122,7 +1122,11 @@ class KernelLaunch(GraphNode):
         if kwargs or len(args) != len(kernel.params):
             args = self._bind(args, kwargs)
         binder = kernel._binder
-        if binder is None:
+        if binder is None:  # the kernel's first launch
+            if kernel.options:  # refused where a GPU's compile would refuse them, on every backend
+                from ._compile import check_options
+
+                check_options(kernel)
             binder = kernel._binder = _make_binder(kernel)
         # Sets args (tensors for borrows, numpy scalars of the declared C type or sg.Params for
         # the rest), params, borrows and device, with every check (see _make_binder).

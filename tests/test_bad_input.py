@@ -534,10 +534,10 @@ def test_wrapping_what_has_no_memory_to_share_is_refused(obj: object) -> None:
         np.testing.assert_array_equal(shared, np.full(4, value, np.float32))
 
 
-def test_node_kinds_scopegraph_does_not_make_are_refused_on_every_backend() -> None:
+def test_node_kinds_scopegraph_does_not_make_are_refused_on_every_backend(sg_device: sg.Device) -> None:
     """A user's GraphNode subclass ran as nothing on the host and failed the graph build on a GPU;
     an sg.Captured made directly ran its host callable on the host and had no graph on a GPU."""
-    dev = sg.device("host")
+    dev = sg_device
     stream, x = dev.stream(), dev.zeros((4,), name="x")
 
     class Mine(sg.GraphNode):

@@ -52,7 +52,7 @@ from .._control import ControlNode, If, While, levels, sg_condition
 from .._errors import CudaError, LaunchResourceError, ScopeGraphError, diagnostic
 from .._kernel import MAX_DYNAMIC_SHARED_BYTES, Kernel, KernelLaunch
 from .._lifetime import note_eager_use
-from .._ops import GraphNode, Join, Memcpy, Memset, dup
+from .._ops import GraphNode, Join, Memcpy, Memset, dup, unknown_kind
 from .._pdl import executable_deps
 from .._tensor import Tensor
 
@@ -536,8 +536,11 @@ class CudaBackend:
     # -- eager ops ------------------------------------------------------------------------
 
     def prepare(self, op: GraphNode) -> None:
-        if type(op) is KernelLaunch and op.native is None:
-            self.bound(op)
+        if type(op) is KernelLaunch:
+            if op.native is None:
+                self.bound(op)
+        elif not op.built_in:  # off the hot path: kernel launches are scopegraph's own kind
+            raise unknown_kind(op)
 
     def bound(self, op: KernelLaunch) -> tuple[Any, Any, tuple[Any, ...]]:
         """The launch's cuda.core form on this device, kept in ``op.native`` when the op has a

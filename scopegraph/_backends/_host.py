@@ -21,7 +21,6 @@ import os
 import random
 import threading
 import warnings
-import weakref
 from collections.abc import Callable, Mapping, Sequence
 from graphlib import TopologicalSorter
 from typing import TYPE_CHECKING, Any
@@ -29,11 +28,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._capture import Captured
-from .._compile import check_options
 from .._control import Body, ControlNode, While, levels
 from .._errors import BoundsError, NoHostReferenceError, diagnostic
-from .._kernel import Kernel, KernelLaunch
-from .._ops import GraphNode, Memcpy, Memset
+from .._kernel import KernelLaunch
+from .._ops import GraphNode, Memcpy, Memset, unknown_kind
 from .._tensor import Tensor
 
 if TYPE_CHECKING:
@@ -157,8 +155,6 @@ def _host_view(tensor: Tensor, writable: bool) -> NDArray:
     return _array(tensor, writable, HostView)
 
 
-# Kernels whose compile options were checked as a GPU's compile checks them (check_options).
-_options_checked: weakref.WeakSet[Kernel[Any]] = weakref.WeakSet()
 _NO_LAUNCH: dict[str, tuple[int, int, int] | tuple[str, ...]] = {}
 _GRID_AND_BLOCK = ("grid", "block")
 
@@ -353,19 +349,17 @@ class HostBackend:
 
     def prepare(self, op: GraphNode) -> None:
         if type(op) is KernelLaunch:
-            kernel = op.kernel
-            if kernel.host_fn is None:
+            if op.kernel.host_fn is None:
                 raise NoHostReferenceError(
                     diagnostic(
                         f"kernel `{op.name}` has no host reference, so the host backend cannot run it",
-                        [f"declared as {kernel!r}"],
-                        help=f"add a numpy reference with @{kernel.__name__}.host, or run on a CUDA device",
+                        [f"declared as {op.kernel!r}"],
+                        help=f"add a numpy reference with @{op.kernel.__name__}.host, or run on a CUDA device",
                     )
                 )
-            if kernel.options and kernel not in _options_checked:
-                check_options(kernel)  # the CUDA backend's compile refuses them
-                _options_checked.add(kernel)
-        if isinstance(op, Captured):  # a region needs its host callable here (scopegraph._capture)
+        elif not op.built_in:  # off the hot path: kernel launches are scopegraph's own kind
+            raise unknown_kind(op)
+        elif isinstance(op, Captured):  # a region needs its host callable here (scopegraph._capture)
             op.check_host()
 
     def run(self, op: GraphNode, stream: Stream) -> None:
