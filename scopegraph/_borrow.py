@@ -91,10 +91,16 @@ def check_borrows(op_name: str, borrows: list[Borrow]) -> None:
             b = borrows[j]
             # The range test first (cheap, and false for most pairs); overlaps() has the rest.
             if b.start < a_end and a_start < b.end and (a_mutable or b.mutable) and a.overlaps(b):
-                raise _aliasing_error(op_name, a, b)
+                raise aliasing_error(op_name, a, b)
 
 
-def _aliasing_error(op_name: str, a: Borrow, b: Borrow) -> BorrowError:
+def aliasing_error(
+    op_name: str,
+    a: Borrow,
+    b: Borrow,
+    help: str = "give the op separate buffers (or disjoint views) for what it writes and what it reads; "
+    "copy first with sg.memcpy if you need the old contents",
+) -> BorrowError:
     first, second = (a, b) if a.mutable else (b, a)
     if second.mutable:
         head = f"cannot borrow `{second.tensor.name}` as mutable more than once at a time in `{op_name}`"
@@ -108,11 +114,4 @@ def _aliasing_error(op_name: str, a: Borrow, b: Borrow) -> BorrowError:
             f"`{first.tensor.name}` and `{second.tensor.name}` wrap the same device memory "
             f"(addresses {max(first.start, second.start):#x}..{min(first.end, second.end):#x})"
         )
-    return BorrowError(
-        diagnostic(
-            head,
-            notes,
-            help="give the op separate buffers (or disjoint views) for what it writes and what it reads; "
-            "copy first with sg.memcpy if you need the old contents",
-        )
-    )
+    return BorrowError(diagnostic(head, notes, help=help))

@@ -64,13 +64,13 @@ import numpy as np
 from . import _scope
 from ._bootstrap import KINDS as BOOTSTRAPS
 from ._bootstrap import Bootstrap, DistributedError, check_timeout, from_env
-from ._borrow import Borrow
+from ._borrow import Borrow, aliasing_error
 from ._capture import BODY_HOLDS, ArrayOf, Captured, CaptureError, body_kind_notes, capture_stream
 from ._control import ControlNode
 from ._device import Device, device, env_device
 from ._driver import cuda_device_count
 from ._dtypes import int32
-from ._errors import BorrowError, CudaError, SignatureError, diagnostic
+from ._errors import CudaError, SignatureError, diagnostic
 from ._ops import borrowed_tensor
 from ._tensor import Mut, Tensor
 
@@ -296,17 +296,16 @@ class Collective(Captured):
         borrows = [Borrow(self.dst, True, "dst")]
         if src is not None:  # `dst` itself too: in place is src=None (NCCL's sendbuff == recvbuff)
             borrows.append(Borrow(self.src, False, "src"))
+        if src is not None and borrows[0].overlaps(borrows[1]):
+            raise aliasing_error(
+                kind,
+                borrows[0],
+                borrows[1],
+                help=f"for an in-place {kind}, leave src out: {kind}(x.mut()) reads and writes x; "
+                "otherwise give dst and src separate buffers",
+            )
         borrows.append(Borrow(comm.token, True, "comm"))
-        try:
-            self._claim(borrows)
-        except BorrowError as exc:
-            if src is None or not borrows[0].overlaps(borrows[1]):
-                raise
-            what = str(exc).rsplit("\nhelp: ", 1)[0]
-            raise BorrowError(
-                f"{what}\nhelp: for an in-place {kind}, leave src out: {kind}(x.mut()) reads and writes x; "
-                "otherwise give dst and src separate buffers"
-            ) from None
+        self._claim(borrows)
         if self.device is not comm.device:
             raise SignatureError(
                 diagnostic(

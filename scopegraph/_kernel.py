@@ -25,6 +25,7 @@ from typing import Annotated, Any, Generic, ParamSpec, TypeVar, get_args, get_or
 import numpy as np
 
 from ._borrow import Borrow
+from ._compile import check_options
 from ._dtypes import DType, as_dtype, dtype_of_annotation
 from ._errors import SignatureError, diagnostic
 from ._ops import GraphNode, borrowed_tensor
@@ -1124,8 +1125,6 @@ class KernelLaunch(GraphNode):
         binder = kernel._binder
         if binder is None:  # the kernel's first launch
             if kernel.options:  # refused where a GPU's compile would refuse them, on every backend
-                from ._compile import check_options
-
                 check_options(kernel)
             binder = kernel._binder = _make_binder(kernel)
         # Sets args (tensors for borrows, numpy scalars of the declared C type or sg.Params for

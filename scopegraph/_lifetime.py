@@ -29,7 +29,7 @@ import bisect
 import itertools
 import threading
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -140,6 +140,15 @@ class Pin:
         holdings_changed()
 
 
+def pins_writing(alloc: Allocation, start: int, end: int) -> Iterator[Pin]:
+    """The graphs and open scopes that write any of ``[start, end)`` of ``alloc``'s memory, through
+    whichever wrapper of it (``freeze()`` and ``numpy()`` ask)."""
+    for alias in alloc.aliases():
+        for pin in list(alias.pins.values()):  # a copy: other threads record and build meanwhile
+            if pin.writes_to(start, end):
+                yield pin
+
+
 def _written_by(pin: Pin) -> set[int]:
     """The ids of the allocations ``pin`` holds that its writes fall in (a write lies within one
     allocation, so its start does): sorted starts, one bisection per allocation."""
@@ -193,12 +202,10 @@ def repin(pin: Pin, borrows: Iterable[Borrow]) -> None:
     already queued on them."""
     held: dict[int, Allocation] = {}
     writes: list[int] = []
-    written: set[int] = set()
     for b in borrows:
         alloc = b.alloc
         if b.mutable and b.start != b.end:
             writes += (b.start, b.end)
-            written.add(alloc.id)
         if alloc.id in held:
             continue
         for a in alloc.aliases() if len(alloc.region.members) > 1 else (alloc,):
@@ -217,7 +224,7 @@ def repin(pin: Pin, borrows: Iterable[Borrow]) -> None:
             pin.pending |= a.users
     pin.allocations = held
     pin.writes = writes
-    pin.written = written
+    pin.written = _written_by(pin)
     holdings_changed()
 
 

@@ -23,6 +23,7 @@ from ._errors import (
     SignatureError,
     diagnostic,
 )
+from ._lifetime import pins_writing
 
 if TYPE_CHECKING:
     from ._allocation import Allocation
@@ -200,19 +201,14 @@ class Tensor:
         end = start + self.nbytes
         if start == end:
             return self  # an empty range conflicts with nothing
-        for alias in alloc.aliases():
-            for pin in alias.pins.values():
-                if pin.writes_to(start, end):
-                    raise BorrowError(
-                        diagnostic(
-                            f"cannot freeze `{self.name}`: {pin.description} writes it",
-                            [
-                                f"a frozen tensor can never be borrowed mutably, but {pin.description} "
-                                f"holds a mutable borrow"
-                            ],
-                            help="close the graph that writes it first (graph.close()), or freeze it before recording",
-                        )
-                    )
+        for pin in pins_writing(alloc, start, end):
+            raise BorrowError(
+                diagnostic(
+                    f"cannot freeze `{self.name}`: {pin.description} writes it",
+                    [f"a frozen tensor can never be borrowed mutably, but {pin.description} holds a mutable borrow"],
+                    help="close the graph that writes it first (graph.close()), or freeze it before recording",
+                )
+            )
         self.device.memory.freeze(alloc, start, end)
         return self
 
@@ -286,19 +282,18 @@ class Tensor:
         alloc = self._alloc
         if alloc.pins or len(alloc.region.members) > 1:
             start = alloc.address + self.offset
-            for alias in alloc.aliases():
-                for pin in list(alias.pins.values()):  # a copy: another thread may be recording
-                    if pin.recording and pin.writes_to(start, start + self.nbytes):
-                        raise ScopeStateError(
-                            diagnostic(
-                                f"cannot read `{self.name}` with numpy(): {pin.description} records a write to it",
-                                [
-                                    "recorded ops run when the graph is launched, not now: this copy "
-                                    "would hold the contents from before the graph"
-                                ],
-                                help="read it after `graph.launch()` and `graph.sync()`, or before the scope",
-                            )
+            for pin in pins_writing(alloc, start, start + self.nbytes):
+                if pin.recording:
+                    raise ScopeStateError(
+                        diagnostic(
+                            f"cannot read `{self.name}` with numpy(): {pin.description} records a write to it",
+                            [
+                                "recorded ops run when the graph is launched, not now: this copy "
+                                "would hold the contents from before the graph"
+                            ],
+                            help="read it after `graph.launch()` and `graph.sync()`, or before the scope",
                         )
+                    )
         raw = self.device.backend.read(alloc, self.offset, self.nbytes)
         return raw.view(self.dtype.numpy).reshape(self.shape)
 

@@ -60,6 +60,13 @@ class _Segment:
         self.readers = readers
 
 
+def _read_by(seg: _Segment, node: int) -> None:
+    """``node`` reads ``seg``: one entry per op, however often it reads the segment (add() has
+    the same test inline, on its hot path)."""
+    if seg.readers is None or seg.readers.node != node:
+        seg.readers = _Readers(node, seg.readers)
+
+
 class DataflowTracker:
     """Computes each op's predecessors from what it reads and writes.
 
@@ -183,8 +190,7 @@ class DataflowTracker:
         segments = self._segments
         exact = segments.get(start)
         if exact is not None and exact.end == end:
-            if exact.readers is None or exact.readers.node != node:  # one read per segment and op
-                exact.readers = _Readers(node, exact.readers)
+            _read_by(exact, node)
             return
         self._split(start)
         self._split(end)
@@ -194,8 +200,7 @@ class DataflowTracker:
             seg = segments[k]
             if k > cursor:
                 gaps.append((cursor, k))
-            if seg.readers is None or seg.readers.node != node:
-                seg.readers = _Readers(node, seg.readers)
+            _read_by(seg, node)
             cursor = seg.end
         if cursor < end:
             gaps.append((cursor, end))

@@ -170,6 +170,7 @@ def test_graphs_that_share_written_memory_follow_each_others_replays() -> None:
     order_replay(pins[writer], "g", backend)
     assert set(waits) == {("g", "f"), ("g", "d")}
     writer.rebind({cache: out})  # moves off `cache` while its replay on "g" may still run
+    assert pins[writer].written == {out.allocation.id}  # what it writes now, for its sharers
     del waits[:]
     order_replay(pins[reader], "h", backend)
     assert ("h", "g") in waits
