@@ -168,7 +168,8 @@ def _hand_on_replay(pin: Pin, alloc: Allocation, last: object) -> None:
     mine = alloc.id in pin.written
     for other in list(alloc.pins.values()):  # a copy: other threads record and build meanwhile
         if mine or alloc.id in other.written:
-            other.pending.add(last)
+            with PENDING:
+                other.pending.add(last)
 
 
 _change_ids = itertools.count(1)
@@ -238,7 +239,8 @@ def note_eager_use(borrows: Iterable[Borrow], native_stream: object, backend: Ba
         if alloc.pins or alloc.closed_replays or len(alloc.region.members) > 1:
             for a in alloc.aliases():
                 for pin in list(a.pins.values()):  # a copy: other threads record and build meanwhile
-                    pin.pending.add(native_stream)
+                    with PENDING:
+                        pin.pending.add(native_stream)
                     caught = pin.caught_up  # before last_stream: a replay meanwhile replaces the set
                     _after_replay(native_stream, pin.last_stream, caught, backend)
                 if a.closed_replays:
@@ -252,6 +254,11 @@ def _after_replay(native_stream: object, last: object, caught: set[object], back
         backend.wait_stream(native_stream, last)
         caught.add(native_stream)
 
+
+# Held while a pin's `pending` streams are added to (eager work, other threads) or taken for a
+# replay: an add between the replay's copy of the set and its clear would be lost, and the next
+# replay would not wait for that eager work.
+PENDING = threading.Lock()
 
 # Held around the ordering and launch of a replay of a graph that has sharers: two of them launched
 # from two threads at once would each read the other's previous replay, and then overlap.
@@ -276,10 +283,11 @@ def order_replay(pin: Pin, native_stream: object, backend: Backend) -> None:
     if last is not None and last is not native_stream:
         backend.wait_stream(native_stream, last)
     if pin.pending:
-        for other in list(pin.pending):  # a copy: eager work on other threads adds to it
+        with PENDING:
+            waiting, pin.pending = pin.pending, set()
+        for other in waiting:
             if other is not native_stream and other is not last:
                 backend.wait_stream(native_stream, other)
-        pin.pending.clear()
     pin.last_stream = native_stream
     if pin.caught_up:  # a new replay: other streams have not waited for it yet (a new set: an eager
         pin.caught_up = set()  # thread that read the old one before this replay adds to that one)

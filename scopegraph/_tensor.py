@@ -162,7 +162,7 @@ class Tensor:
                     "help: slice with step 1, or copy the rows you need with sg.memcpy"
                 )
             stop = max(start, stop)
-            label = f"{self.name}[{start}:{stop}]"
+            label = f"{self._rows_label()}[{start}:{stop}]"
             return Tensor(
                 self._alloc, self.offset + start * row_bytes, (stop - start, *self.shape[1:]), self.dtype, label, self
             )
@@ -179,12 +179,20 @@ class Tensor:
                     f"help: index rows 0..{rows - 1} (or -{rows}..-1)"
                 )
             return Tensor(
-                self._alloc, self.offset + i * row_bytes, self.shape[1:], self.dtype, f"{self.name}[{i}]", self
+                self._alloc, self.offset + i * row_bytes, self.shape[1:], self.dtype, f"{self._rows_label()}[{i}]", self
             )
         raise SignatureError(
             f"`{self.name}` can be indexed by an int or a row slice, not {type(index).__name__}\n"
             "help: use t[a:b] for rows a..b, or t.view(shape) to reshape"
         )
+
+    def _rows_label(self) -> str:
+        """What this tensor's rows are rows of, in a label: its name, or for a reshaped view that
+        kept its tensor's name, the reshape too (the rows of `x.view((4, 4))` are not x's)."""
+        base = self._base
+        if base is not None and self._name == base.name and self.shape != base.shape:
+            return f"{self._name}.view({self.shape})"
+        return self.name
 
     # -- borrows -------------------------------------------------------------------------
 

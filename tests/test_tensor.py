@@ -42,7 +42,10 @@ def test_views_share_memory(sg_device: sg.Device, sg_stream: sg.Stream) -> None:
     assert v.shape == (4, 4) and v.is_view and v.allocation is x.allocation
     assert x.view((-1, 8)).shape == (2, 8)
     rows = v[1:3]
-    assert rows.shape == (2, 4) and rows.byte_range == (16, 48) and rows.name == "x[1:3]"
+    assert rows.shape == (2, 4) and rows.byte_range == (16, 48)
+    # A view keeps its tensor's name; its rows are labelled as rows of the reshape (not x[1:3]).
+    assert (v.name, rows.name, v[1].name) == ("x", "x.view((4, 4))[1:3]", "x.view((4, 4))[1]")
+    assert x.view((16,))[1].name == "x[1]" and x.view((4, 4), name="grid")[1].name == "grid[1]"
     np.testing.assert_array_equal(rows.numpy(), np.arange(4, 12).reshape(2, 4))
     np.testing.assert_array_equal(v[-1].numpy(), [12, 13, 14, 15])
     sg_stream.run(sg.memset(rows.mut(), 0.0))
