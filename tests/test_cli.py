@@ -253,12 +253,70 @@ def test_missing_figures_read_the_same_in_every_table() -> None:
         "weight_bytes": 1,
         "graph_bandwidth": 1e12,
     }
-    table = format_table({"environment": env, "launch": {"rows": [row]}, "model": {"d": 2048, "rows": [model]}})
-    launch_line, model_line = (line for line in table.splitlines() if line.strip().startswith(("10 ", "2048 ")))
-    assert launch_line.split()[-2:] == ["-", "-"]  # torch eager, torch graph
-    assert model_line.split()[5:8] == ["-", "-", "-"]  # torch eager, torch graph, sg/torch
-    assert " 0 " not in model_line
-    assert "PyTorch is not installed" in table
+    ceiling = {"bandwidths": {"read_only": 3e12, "memcpy": 2e12, "copy_kernel": 2.5e12}, "ceiling_bytes": 738e6}
+    table = format_table(
+        {"environment": env, "launch": {"rows": [row]}, "model": {"d": 2048, "rows": [model]} | ceiling}
+    )
+    launch, model_table = markdown_tables(table)  # the ceiling's line is text after the table, not a row
+    assert launch[1] == ["10", "10.00 (1.00)", "1.00 (0.10)", "-", "-", "-", "-", "-", "-"]
+    assert model_table[1][5:8] == ["-", "-", "-"]  # torch eager, torch graph, sg/torch
+    assert "0" not in model_table[1]
+    assert "PyTorch is not installed" in table and "\nceiling: a read-only streaming kernel over 738 MB" in table
+
+
+def markdown_tables(text: str) -> list[list[list[str]]]:
+    """The tables in ``text`` (rows of cells, the header row first), as a Markdown parser reads them
+    (markdown-it-py with GitHub's table syntax; rich depends on it). Checks what makes them readable
+    as plain text too: no colour codes or carriage returns, every line of a table as long as the
+    others with its column bars in the same places, and every table line read into a table (a line
+    of text run into a table would add a row)."""
+    from markdown_it import MarkdownIt
+
+    assert "\x1b" not in text and "\r" not in text
+    tables: list[list[list[str]]] = []
+    in_row = False
+    for token in MarkdownIt("commonmark").enable("table").parse(text):
+        if token.type == "table_open":
+            tables.append([])
+        in_row = token.type == "tr_open" or (in_row and token.type != "tr_close")
+        if token.type == "tr_open":
+            tables[-1].append([])
+        elif token.type == "inline" and in_row:
+            tables[-1][-1].append(token.content)
+    blocks: list[list[str]] = []
+    for previous, line in zip(["", *text.splitlines()], text.splitlines(), strict=False):
+        if line.startswith("|"):
+            if not previous.startswith("|"):
+                blocks.append([])
+            blocks[-1].append(line)
+    assert len(blocks) == len(tables), text  # a table the parser does not read as one
+    for block, table in zip(blocks, tables, strict=True):
+        bars = {tuple(i for i, c in enumerate(line) if c == "|") for line in block}
+        assert len(bars) == 1, "\n".join(block)  # aligned columns, nothing wrapped onto a line of its own
+        assert len(table) == len(block) - 1  # every line but the delimiter row is a row of the table
+        assert [[cell.strip() for cell in line.split("|")[1:-1]] for line in block[:1] + block[2:]] == table
+    return tables
+
+
+def test_bench_tables_are_markdown_with_nothing_cut() -> None:
+    """bench.txt's tables are Markdown a parser reads (GitHub's table syntax), aligned plain text in a
+    log; a long label and a long figure are whole, on one line; names left, figures right."""
+    from markdown_it import MarkdownIt
+
+    from scopegraph._cli.bench import _tp
+
+    label = "a label as long as a long kernel call: " + "add[1, 256](out.mut(), a, b, n) " * 8
+    figures = {"wall": 1234.5678, "median": 2e-6, "spread": 0.5}
+    env = {"device": "host", "torch": "not installed"}
+    table = format_table({"environment": env, "cpu": {"ops": 1000, "rows": {label.strip(): figures}}})
+    [cpu] = markdown_tables(table)
+    assert cpu == [["what", "best", "median", "spread"], [label.strip(), "1234567800.00", "2.00", "50.0%"]]
+    styles = [t.attrGet("style") for t in MarkdownIt().enable("table").parse(table) if t.type == "th_open"]
+    assert styles == [None, "text-align:right", "text-align:right", "text-align:right"]
+    tp_row = {"d": 2048, "layers": 22, "single_eager_tok_s": 100.0, "single_graph_tok_s": 200.0}
+    tp_row |= {"tp_eager_tok_s": 150.0, "tp_graph_tok_s": 300.0, "err_graph_vs_single": 1e-7, "err_eager_vs_single": 0}
+    [tp] = markdown_tables("\n".join(_tp.format_rows({"world": 2, "rows": [tp_row]})))
+    assert tp[1] == ["2048", "22", "100.0", "200.0", "150.0", "300.0", "1.50", "1.0e-07", "yes"]
 
 
 def assert_refused(code: int, out: str, err: str, message: str, lines: int = 1) -> None:
@@ -354,6 +412,7 @@ def test_every_bench_suite_runs_on_the_host_and_gets_its_section(
     table = (tmp_path / "bench.txt").read_text()
     for section in ("## 1.", "## 2.", "## 2b.", "## 2c.", "## 3.", "## 4.", "## 5.", "## 6.", "## 7.", "## 8."):
         assert f"\n{section} " in table, section
+    assert len(markdown_tables(table)) == 10  # one a section, each a Markdown table
 
 
 def test_the_demo_runs_the_seeds_model_by_default_on_a_gpu() -> None:

@@ -6,8 +6,8 @@ prints one plain line, ``  graph   64/512 tokens     0.021 s``: no carriage retu
 and the last line always shows the total.
 
 tqdm is optional on purpose: a log needs the plain lines anyway (tqdm writes carriage returns
-into files), so the plain form is the one CI reads, and the library keeps numpy as its only
-runtime dependency.
+into files), so the plain form is the one CI reads, and a bar is no reason for one more runtime
+dependency (the tables need one: rich, see ``bench._table``).
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 Every figure is measured side by side in one run; compare ratios, not absolute times across
 machines. On the host backend only the record-cost suites (build, record) mean anything.
 A figure that was not measured (PyTorch missing, or a GPU-only comparison on the host) is
-left out of its JSON row and shown as ``-`` in the table, in every suite alike.
+left out of its JSON row and shown as ``-`` in the table, in every suite alike. The tables are
+Markdown laid out by rich (``_table.markdown``): plain text, printed as written to bench.txt.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from typing import Any
 
 from ... import Device
 from . import _build, _cpu, _dataflow, _decode, _launch, _model, _pdl, _record, _update
-from ._timing import environment, ratio
+from ._table import markdown
+from ._timing import environment, num, ratio
 
 SUITES: dict[str, Callable[..., dict[str, Any]]] = {
     "launch": _launch.run,
@@ -72,71 +74,72 @@ def format_table(r: dict[str, Any]) -> str:
     if "cpu" in r:
         lines += ["", *_cpu.format_rows(r["cpu"])]
     if "build" in r:
+        rows = []
+        for row in r["build"]["rows"]:
+            core = row.get("core_define_instantiate_s")
+            cells = [str(row["n"]), f"{row['record_us_per_op']:.2f}", f"{row['build_s'] * 1e3:.2f}"]
+            rows.append([*cells, "-" if core is None else f"{core * 1e3:.2f}", ratio(row["build_s"], core)])
         lines += [
             "",
             "## 3. record and build cost (record: each op built, checked and recorded inside the clock)",
-            f"{'ops':>6} {'record us/op':>12} {'build ms':>10} {'cuda.core ms':>12} {'build/core':>10}",
+            *markdown(["ops", "record us/op", "build ms", "cuda.core ms", "build/core"], rows),
         ]
-        for row in r["build"]["rows"]:
-            core = row.get("core_define_instantiate_s")
-            lines.append(
-                f"{row['n']:>6} {row['record_us_per_op']:>12.2f} {row['build_s'] * 1e3:>10.2f} "
-                f"{'-' if core is None else f'{core * 1e3:.2f}':>12} {ratio(row['build_s'], core):>10}"
-            )
     if "dataflow" in r:
+        rows = [
+            [
+                str(row["chains"]),
+                f"{row['dataflow_s'] * 1e3:.3f}",
+                f"{row['program_s'] * 1e3:.3f}",
+                f"{row['speedup']:.2f}",
+            ]
+            for row in r["dataflow"]["rows"]
+        ]
         lines += [
             "",
             "## 4. dataflow parallelism: k chains of small kernels, one replay",
-            f"{'chains':>6} {'dataflow ms':>12} {'program ms':>12} {'speedup':>8}",
+            *markdown(["chains", "dataflow ms", "program ms", "speedup"], rows),
         ]
-        for row in r["dataflow"]["rows"]:
-            lines.append(
-                f"{row['chains']:>6} {row['dataflow_s'] * 1e3:>12.3f} {row['program_s'] * 1e3:>12.3f} "
-                f"{row['speedup']:>8.2f}"
-            )
     if "record" in r:
-        rec = r["record"]
+        rec, a = r["record"], r["record"]["after_readers"]
+        rows = []
+        for row in rec["partial_writes"]:
+            cells = [
+                str(row["n"]),
+                f"{row['memset_us_per_op']:.2f}",
+                f"{row['kernel_us_per_op']:.2f}",
+                str(row["edges"]),
+            ]
+            rows.append([*cells, f"{row['memset_build_s'] * 1e3:.2f}", f"{row['kernel_build_s'] * 1e3:.2f}"])
+        after = [str(a["readers"]), str(a["writes"]), f"{a['us_per_write']:.2f}", f"{a['edges_per_write']:.1f}"]
+        after += [str(a["last_write_edges"]), str(a["extra_nodes"])]
         lines += [
             "",
             "## 5. record cost per op, partial writes: op i writes row x[i] "
             f"({rec['row_floats']} floats) of one allocation; "
             "op built inside the clock",
-            f"{'ops':>6} {'memset us/op':>12} {'kernel us/op':>12} {'edges':>6} "
-            f"{'memset build ms':>15} {'kernel build ms':>15}",
-        ]
-        for row in rec["partial_writes"]:
-            lines.append(
-                f"{row['n']:>6} {row['memset_us_per_op']:>12.2f} {row['kernel_us_per_op']:>12.2f} {row['edges']:>6} "
-                f"{row['memset_build_s'] * 1e3:>15.2f} {row['kernel_build_s'] * 1e3:>15.2f}"
-            )
-        a = rec["after_readers"]
-        lines += [
+            *markdown(["ops", "memset us/op", "kernel us/op", "edges", "memset build ms", "kernel build ms"], rows),
             "",
             f"## 6. small writes after {a['readers']} readers: {a['writes']} one-row writes "
             f"of x after {a['readers']} ops that read all of x",
-            f"{'readers':>7} {'writes':>6} {'us/write':>9} {'edges/write':>11} "
-            f"{'last write edges':>16} {'join nodes':>10}",
-            f"{a['readers']:>7} {a['writes']:>6} {a['us_per_write']:>9.2f} {a['edges_per_write']:>11.1f} "
-            f"{a['last_write_edges']:>16} {a['extra_nodes']:>10}",
+            *markdown(["readers", "writes", "us/write", "edges/write", "last write edges", "join nodes"], [after]),
         ]
     if "decode" in r:
+        heads = ["d", "layers", "K", "one launch", "K launches", "loop/launches", "identical", "host decides"]
+        heads.append("loop/host decides")
+        rows = []
+        for row in r["decode"]["rows"]:
+            cells = [str(row["d"]), str(row["n_layers"]), str(row["k"]), f"{row['loop_tok_s']:.1f}"]
+            cells += [f"{row['launches_tok_s']:.1f}", f"{row['loop_over_launches']:.3f}"]
+            cells += ["yes" if row["identical"] else "NO", num(row.get("host_decides_tok_s"), ".1f")]
+            rows.append([*cells, num(row.get("loop_over_host_decides"), ".3f")])
         lines += [
             "",
             "## 7. decode loop: K tokens inside one launch (a device-side while loop) "
             "vs K launches of the one-token graph, tokens/s",
             "('host decides': K launches, the host reading the loop's flag after each token "
             "to decide whether to go on)",
-            f"{'d':>5} {'layers':>6} {'K':>4} {'one launch':>11} {'K launches':>11} {'loop/launches':>13} "
-            f"{'identical':>9} "
-            f"{'host decides':>12} {'loop/host decides':>17}",
+            *markdown(heads, rows),
         ]
-        for row in r["decode"]["rows"]:
-            lines.append(
-                f"{row['d']:>5} {row['n_layers']:>6} {row['k']:>4} {row['loop_tok_s']:>11.1f} "
-                f"{row['launches_tok_s']:>11.1f} "
-                f"{row['loop_over_launches']:>13.3f} {'yes' if row['identical'] else 'NO':>9} "
-                f"{num(row.get('host_decides_tok_s'), '.1f'):>12} {num(row.get('loop_over_host_decides'), '.3f'):>17}"
-            )
     if "update" in r:
         u = r["update"]
         lines += [
@@ -147,11 +150,6 @@ def format_table(r: dict[str, Any]) -> str:
             *_update.format_rows(u),
         ]
     return "\n".join(lines) + "\n"
-
-
-def num(value: float | None, spec: str) -> str:
-    """``value`` formatted, or ``-`` when it was not measured."""
-    return "-" if value is None else format(value, spec)
 
 
 def plot(r: dict[str, Any], out_dir: Path) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from ... import CudaGraph, Device, library, memcpy, memset
+from ._table import markdown
 from ._timing import Side, interleaved
 
 OPS = 1000
@@ -109,12 +110,11 @@ LABELS = {
 
 
 def format_rows(r: dict[str, Any]) -> list[str]:
-    lines = [
-        f"## 2c. CPU cost per op, microseconds (best of 5 interleaved round medians of {r['ops']} ops; median, spread)",
-        f"{'what':<58} {'best':>7} {'median':>7} {'spread':>7}",
+    rows = [
+        [LABELS.get(name, name), f"{row['wall'] * 1e6:.2f}", f"{row['median'] * 1e6:.2f}", f"{row['spread']:.1%}"]
+        for name, row in r["rows"].items()
     ]
-    for name, row in r["rows"].items():
-        lines.append(
-            f"{LABELS.get(name, name):<58} {row['wall'] * 1e6:>7.2f} {row['median'] * 1e6:>7.2f} {row['spread']:>7.1%}"
-        )
-    return lines
+    return [
+        f"## 2c. CPU cost per op, microseconds (best of 5 interleaved round medians of {r['ops']} ops; median, spread)",
+        *markdown(["what", "best", "median", "spread"], rows, labels=1),
+    ]

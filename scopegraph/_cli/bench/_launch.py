@@ -15,7 +15,8 @@ import functools
 from typing import TYPE_CHECKING, Any, cast
 
 from ... import CudaGraph, Device, Stream, Tensor, library
-from ._timing import Side, interleaved
+from ._table import markdown
+from ._timing import Side, interleaved, ratio, us
 
 if TYPE_CHECKING:
     from cuda.core import Stream as CoreStream
@@ -114,25 +115,20 @@ def _torch(n: int, calls: int) -> dict[str, Side]:
 
 
 def format_rows(r: dict[str, Any]) -> list[str]:
-    from ._timing import ratio, us
-
-    lines = [
-        "## 1. launch overhead: N dependent tiny kernels (x += 1), microseconds per node: best of 5 interleaved "
-        "round medians (CPU submit); sg eager builds each op inside the clock",
-        f"{'N':>6} {'sg eager':>20} {'sg graph':>20} {'cuda.core graph':>20} {'sg/core':>8} {'sg graph PDL':>20} "
-        f"{'cuda.core eager':>20} {'torch eager':>20} {'torch graph':>20}",
-    ]
+    heads = ["N", "sg eager", "sg graph", "cuda.core graph", "sg/core", "sg graph PDL", "cuda.core eager"]
+    heads += ["torch eager", "torch graph"]
 
     def cell(row: dict[str, Any], key: str) -> str:
         v = row.get(key)
-        return f"{us(v['wall'])} ({us(v['submit']).strip():>6})" if v else f"{'-':>20}"
+        return f"{us(v['wall'])} ({us(v['submit'])})" if v else "-"
 
+    rows = []
     for row in r["rows"]:
         sg_core = ratio(row["sg_graph"]["wall"], row["core_graph"]["wall"]) if "core_graph" in row else "-"
-        cells = [cell(row, k) for k in ("sg_eager", "sg_graph", "core_graph")]
-        cells += [
-            f"{sg_core:>8}",
-            *(cell(row, k) for k in ("sg_graph_pdl", "core_eager", "torch_eager", "torch_graph")),
-        ]
-        lines.append(f"{row['n']:>6} " + " ".join(cells))
-    return lines
+        cells = [str(row["n"]), *(cell(row, k) for k in ("sg_eager", "sg_graph", "core_graph")), sg_core]
+        rows.append(cells + [cell(row, k) for k in ("sg_graph_pdl", "core_eager", "torch_eager", "torch_graph")])
+    return [
+        "## 1. launch overhead: N dependent tiny kernels (x += 1), microseconds per node: best of 5 interleaved "
+        "round medians (CPU submit); sg eager builds each op inside the clock",
+        *markdown(heads, rows),
+    ]

@@ -21,7 +21,8 @@ from typing import Any
 
 from ... import CudaGraph, Device, Mut, Stream, Tensor, i64, kernel, library, memcpy
 from ..seed_model import FORMS, Config, LayerStack
-from ._timing import Side, interleaved, ratio
+from ._table import markdown
+from ._timing import Side, interleaved, num, ratio
 
 LAYERS = (1, 2, 4, 8, 22)
 # A launch-bound size (weights fit in L2), where graph replay's advantage shows in full.
@@ -199,41 +200,35 @@ def _torch(model: LayerStack, tokens: int, compile: bool) -> dict[str, Side]:
     return sides
 
 
-def num(value: float | None, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
-
-
 def format_rows(m: dict[str, Any]) -> list[str]:
-    heads = ["sg eager", "sg graph", "graph/eager", "torch eager", "torch graph", "sg/torch graph", "torch compile"]
-    heads += ["sg/compile", "sg 4k graph", "4k/torch graph", "GB/s", "of read-only"]
-    widths = [10, 10, 11, 11, 11, 14, 13, 10, 11, 14, 6, 12]
+    heads = ["d", "layers", "sg eager", "sg graph", "graph/eager", "torch eager", "torch graph", "sg/torch graph"]
+    heads += ["torch compile", "sg/compile", "sg 4k graph", "4k/torch graph", "GB/s", "of read-only"]
+    rows = []
+    for row in m["rows"]:
+        sg, tg, tc = row["sg_graph_tok_s"], row.get("torch_graph_tok_s"), row.get("torch_compile_tok_s")
+        eq = row.get("sg_graph_equal_tok_s")
+        rows.append([
+            str(row["d"]), str(row["n_layers"]), f"{row['sg_eager_tok_s']:.0f}", f"{sg:.0f}",
+            f"{row['graph_over_eager']:.2f}", num(row.get("torch_eager_tok_s"), ".0f"), num(tg, ".0f"), ratio(sg, tg),
+            num(tc, ".0f"), ratio(sg, tc), num(eq, ".0f"), ratio(eq, tg), f"{row['graph_bandwidth'] / 1e9:.0f}",
+            num(row.get("fraction_of_read_only"), ".1%"),
+        ])  # fmt: skip
     lines = [
         "## 2. the seed's model: tokens per second (best of 5 interleaved round medians; spread in bench.json)",
         f"kernels per layer: sg graph {FORMS[FAST][0]} ({FAST}: RMSNorm fused into the first matvec, residual add "
         f"into the second), sg 4k graph {FORMS[EQUAL][0]} (as PyTorch: rms_norm, mv, mv, add_), PyTorch 4; "
         f"sg eager runs the {FAST} form, ops built inside the clock",
-        f"{'d':>5} {'layers':>6} " + " ".join(f"{h:>{w}}" for h, w in zip(heads, widths, strict=True)),
+        *markdown(heads, rows),
     ]
-    for row in m["rows"]:
-        sg, tg, tc = row["sg_graph_tok_s"], row.get("torch_graph_tok_s"), row.get("torch_compile_tok_s")
-        eq = row.get("sg_graph_equal_tok_s")
-        cells = [
-            f"{row['sg_eager_tok_s']:.0f}", f"{sg:.0f}", f"{row['graph_over_eager']:.2f}",
-            num(row.get("torch_eager_tok_s"), ".0f"), num(tg, ".0f"), ratio(sg, tg).strip(), num(tc, ".0f"),
-            ratio(sg, tc).strip(), num(eq, ".0f"), ratio(eq, tg).strip(), f"{row['graph_bandwidth'] / 1e9:.0f}",
-            num(row.get("fraction_of_read_only"), ".1%"),
-        ]  # fmt: skip
-        lines.append(
-            f"{row['d']:>5} {row['n_layers']:>6} " + " ".join(f"{c:>{w}}" for c, w in zip(cells, widths, strict=True))
-        )
     if "bandwidths" in m:
         bw, nbytes = m["bandwidths"], m["ceiling_bytes"]
-        lines.append(
+        lines += [
+            "",
             f"ceiling: a read-only streaming kernel over {nbytes / 1e6:.0f} MB (the 22-layer weights): "
             f"{bw['read_only'] / 1e9:.0f} GB/s = {bw['read_only'] / nbytes:.0f} tokens/s at d={m['d']} x 22; "
             f"device-to-device copy (read + write): memcpy {bw['memcpy'] / 1e9:.0f} GB/s, "
-            f"copy kernel {bw['copy_kernel'] / 1e9:.0f} GB/s"
-        )
+            f"copy kernel {bw['copy_kernel'] / 1e9:.0f} GB/s",
+        ]
     return lines
 
 

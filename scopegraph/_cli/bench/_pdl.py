@@ -22,6 +22,7 @@ from ..._pdl import executable_deps
 from ..seed_model import FORMS, Config, LayerStack
 from ._chain import Chain
 from ._model import record
+from ._table import markdown
 from ._timing import interleaved
 
 
@@ -100,31 +101,24 @@ def _row(timed: dict[str, dict[str, float]], nbytes: int, identical: bool) -> di
 
 
 def format_rows(r: dict[str, Any]) -> list[str]:
-    heads = [("edges", 6), ("driver", 6), ("prog.", 6), ("PDL off us", 11), ("PDL on us", 10), ("on/off", 7)]
-    heads += [("GB/s off", 9), ("GB/s on", 8), ("identical", 9)]
+    heads = ["graph", "edges", "driver", "prog.", "PDL off us", "PDL on us", "on/off", "GB/s off", "GB/s on"]
+    heads.append("identical")
 
-    def line(name: str, row: dict[str, Any]) -> str:
-        cells = [
-            f"{row['edges']}",
-            f"{row['driver_edges']}",
-            f"{row['programmatic_edges']}",
-            f"{row['off_s'] * 1e6:.1f}",
-            f"{row['on_s'] * 1e6:.1f}",
-        ]
-        cells += [f"{row['speedup']:.2f}", f"{row['off_bandwidth'] / 1e9:.0f}", f"{row['on_bandwidth'] / 1e9:.0f}"]
-        cells.append("yes" if row["identical"] else "NO")
-        return f"{name:<44} " + " ".join(f"{c:>{w}}" for c, (_, w) in zip(cells, heads, strict=True))
+    def cells(name: str, row: dict[str, Any]) -> list[str]:
+        edges = [str(row[k]) for k in ("edges", "driver_edges", "programmatic_edges")]
+        times = [f"{row['off_s'] * 1e6:.1f}", f"{row['on_s'] * 1e6:.1f}", f"{row['speedup']:.2f}"]
+        rates = [f"{row['off_bandwidth'] / 1e9:.0f}", f"{row['on_bandwidth'] / 1e9:.0f}"]
+        return [name, *edges, *times, *rates, "yes" if row["identical"] else "NO"]
 
     c = r["chain"]
-    lines = [
-        "## 2b. programmatic dependent launch: the same graph recorded with pdl=True and pdl=False "
-        "(best of 5 interleaved round medians; edges: recorded, driver: in the CUDA graph, implied ones left out, "
-        "prog.: programmatic among those)",
-        f"{'graph':<44} " + " ".join(f"{h:>{w}}" for h, w in heads),
-        line(f"chain {c['kernels']} x {c['bytes_per_kernel'] / 2**20:g} MiB", c),
-    ]
+    rows = [cells(f"chain {c['kernels']} x {c['bytes_per_kernel'] / 2**20:g} MiB", c)]
     for row in r["model"]:
         k, other = FORMS[row["form"]]
         per_layer = f"{k} kernels" + (f" + {other} memcpy" if other else "")
-        lines.append(line(f"model d={row['d']} x {row['n_layers']}, {row['form']}: {per_layer}", row))
-    return lines
+        rows.append(cells(f"model d={row['d']} x {row['n_layers']}, {row['form']}: {per_layer}", row))
+    return [
+        "## 2b. programmatic dependent launch: the same graph recorded with pdl=True and pdl=False "
+        "(best of 5 interleaved round medians; edges: recorded, driver: in the CUDA graph, implied ones left out, "
+        "prog.: programmatic among those)",
+        *markdown(heads, rows, labels=1),
+    ]

@@ -100,9 +100,16 @@ def environment(dev: Device) -> dict[str, Any]:
     return env
 
 
+def num(value: float | None, spec: str) -> str:
+    """``value`` formatted with ``spec``, or ``-`` when it was not measured (a table cell: rich pads it)."""
+    return "-" if value is None else format(value, spec)
+
+
 def us(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds * 1e6:9.2f}"
+    """Seconds as microseconds, two decimals."""
+    return num(None if seconds is None else seconds * 1e6, ".2f")
 
 
 def ratio(a: float | None, b: float | None) -> str:
-    return "-" if a is None or b is None or b == 0 else f"{a / b:6.3f}"
+    """a / b, three decimals (``-`` when either was not measured)."""
+    return "-" if a is None or b is None or b == 0 else f"{a / b:.3f}"

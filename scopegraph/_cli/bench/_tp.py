@@ -11,25 +11,24 @@ from typing import Any
 
 from ..seed_model import Config
 from ..tp import TOLERANCE, check_split, measure, ranks_match, start
+from ._table import markdown
 from ._timing import environment
 
 
 def format_rows(r: dict[str, Any]) -> list[str]:
-    lines = [
-        f"## tensor parallelism: the seed model split over {r['world']} ranks (column-parallel Q, row-parallel O, "
-        "one all-reduce a layer), tokens/s",
-        f"{'d':>5} {'layers':>6} {'1 GPU eager':>11} {'1 GPU graph':>11} {'N eager':>9} {'N graph':>9} "
-        f"{'graph N/1':>9} {'rel. err':>9} {'equal':>5}",
-    ]
+    heads = ["d", "layers", "1 GPU eager", "1 GPU graph", "N eager", "N graph", "graph N/1", "rel. err", "equal"]
+    rows = []
     for row in r["rows"]:
         one_e, one_g = row["single_eager_tok_s"], row["single_graph_tok_s"]
         err = max(row["err_graph_vs_single"], row["err_eager_vs_single"])
-        lines.append(
-            f"{row['d']:>5} {row['layers']:>6} {one_e:>11.1f} {one_g:>11.1f} {row['tp_eager_tok_s']:>9.1f} "
-            f"{row['tp_graph_tok_s']:>9.1f} {row['tp_graph_tok_s'] / one_g:>9.2f} {err:>9.1e} "
-            f"{'yes' if err < TOLERANCE else 'NO':>5}"
-        )
-    return lines
+        cells = [str(row["d"]), str(row["layers"]), f"{one_e:.1f}", f"{one_g:.1f}", f"{row['tp_eager_tok_s']:.1f}"]
+        cells += [f"{row['tp_graph_tok_s']:.1f}", f"{row['tp_graph_tok_s'] / one_g:.2f}", f"{err:.1e}"]
+        rows.append([*cells, "yes" if err < TOLERANCE else "NO"])
+    return [
+        f"## tensor parallelism: the seed model split over {r['world']} ranks (column-parallel Q, row-parallel O, "
+        "one all-reduce a layer), tokens/s",
+        *markdown(heads, rows),
+    ]
 
 
 def main(out_dir: Path, spec: str | None, quick: bool, gpus: int) -> int:

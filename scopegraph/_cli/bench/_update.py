@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from ... import CudaGraph, Device, KernelLaunch, Param, Scope, Stream, Tensor, f32, library
+from ._table import markdown
 from ._timing import time_calls
 
 KERNELS = 20
@@ -180,24 +181,23 @@ def run(dev: Device, quick: bool) -> dict[str, Any]:
     }
 
 
+LABELS = {
+    "no_graph": "no graph (eager)",
+    "recapture": "recapture",
+    "whole_update": "whole-graph update (into=)",
+    "node_update": "node update (sg.Param)",
+    "rebind": "rebind",
+}
+
+
 def format_rows(u: dict[str, Any]) -> list[str]:
-    labels = {
-        "no_graph": "no graph (eager)",
-        "recapture": "recapture",
-        "whole_update": "whole-graph update (into=)",
-        "node_update": "node update (sg.Param)",
-        "rebind": "rebind",
-    }
-    lines = [f"{'way':<28} {'us/iteration':>12} {'CPU submit us':>13} {'speedup vs eager':>16}"]
-    for w in WAYS:
-        lines.append(
-            f"{labels[w]:<28} {u['per_iteration_s'][w] * 1e6:>12.2f} {u['submit_s'][w] * 1e6:>13.2f} "
-            f"{u['speedup_over_no_graph'][w]:>16.2f}"
-        )
+    per, submit, speedup = u["per_iteration_s"], u["submit_s"], u["speedup_over_no_graph"]
+    rows = [[LABELS[w], f"{per[w] * 1e6:.2f}", f"{submit[w] * 1e6:.2f}", f"{speedup[w]:.2f}"] for w in WAYS]
     r = u["ratios"]
-    lines.append(
+    return [
+        *markdown(["way", "us/iteration", "CPU submit us", "speedup vs eager"], rows, labels=1),
+        "",
         f"whole update / node update: {r['whole_update/node_update']:.2f}x; recapture / whole update: "
         f"{r['recapture/whole_update']:.2f}x; rebind / node update: {r['rebind/node_update']:.2f}x; "
-        f"results identical to eager: {'yes' if u['agree'] else 'NO'}"
-    )
-    return lines
+        f"results identical to eager: {'yes' if u['agree'] else 'NO'}",
+    ]
