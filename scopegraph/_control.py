@@ -74,7 +74,7 @@ from ._errors import NotAGraphNodeError, ScopeGraphError, ScopeStateError, Signa
 from ._kernel import KernelLaunch, kernel
 from ._ops import GraphNode, Join, Memcpy, Memset
 from ._params import note_params
-from ._pdl import programmatic_deps
+from ._pdl import NONE, EdgeKinds
 from ._scope import RecordedNode, Scope, _not_a_graph_node, _State, end_inner
 from ._stream import check_runnable
 from ._tensor import Mut, Tensor
@@ -146,6 +146,7 @@ class Body:
         self.flag = flag
         self._where = where
         self._nodes: list[RecordedNode] = []
+        self._edge_kinds = EdgeKinds()
         self._tracker = ORDERS[root.order](self._add_join)
         self._open = True
         self._inner: Block[object] | Region | None = None
@@ -194,7 +195,7 @@ class Body:
         deps = self._tracker.add(borrows)
         root._pin.add(borrows)
         # Edges between PDL kernels may be programmatic inside a body too (scopegraph._pdl).
-        programmatic = programmatic_deps(op, deps, self._nodes) if getattr(root, "pdl", False) else frozenset()
+        programmatic = self._edge_kinds.of(op, deps, self._nodes) if getattr(root, "pdl", False) else NONE
         node = RecordedNode(len(self._nodes), op, deps, _where(1), programmatic)
         self._nodes.append(node)
         return node
@@ -244,6 +245,7 @@ class Body:
 
     def _add_join(self, index: int, deps: frozenset[int]) -> None:
         assert index == len(self._nodes)
+        self._edge_kinds.full.add(index)
         self._nodes.append(RecordedNode(index, Join(), deps, self._nodes[-1]._where if self._nodes else self._where))
 
     def _close(self, loop: bool) -> None:

@@ -17,7 +17,7 @@ An edge d -> n of a recording is programmatic when
   before n starts loading it).
 
 Every other edge (memcpy, memset, join, loop and non-PDL kernel nodes at either end) stays full.
-The scope computes this once per recorded op (``RecordedNode.programmatic``); the CUDA backend
+The scope computes this once per recorded op (``EdgeKinds``, kept in ``RecordedNode.programmatic``); the CUDA backend
 makes those edges programmatic on sm_90 and later and full below, and the host backend ignores
 them. ``CudaGraph.scope(stream, pdl=False)`` records every edge as a full one.
 """
@@ -40,29 +40,31 @@ if TYPE_CHECKING:
 NONE: frozenset[int] = frozenset()
 
 
-def programmatic_deps(op: GraphNode, deps: frozenset[int], nodes: Sequence[RecordedNode]) -> frozenset[int]:
-    """The subset of ``deps`` (indices into ``nodes``) whose edges into ``op`` may be programmatic."""
-    if not deps or type(op) is not KernelLaunch:
-        return NONE
-    kernel = op.kernel
-    if not kernel.pdl:
-        return NONE
-    early = kernel.reads_before_wait
-    if len(deps) == 1 and not early:  # one predecessor (a chain): no list, no new set
-        (d,) = deps
-        before = nodes[d].op
-        return deps if type(before) is KernelLaunch and before.kernel.pdl else NONE
-    chosen = []
-    for d in deps:
-        before = nodes[d].op
-        if type(before) is not KernelLaunch or not before.kernel.pdl:
-            continue
-        if early and early_load_of(op, before) is not None:
-            continue  # `op` would load what `before` is still writing
-        chosen.append(d)
-    if len(chosen) == len(deps):
-        return deps  # every edge (the common case in a chain of PDL kernels): no new set
-    return frozenset(chosen) if chosen else NONE
+class EdgeKinds:
+    """Which edges into the ops of one recording (a scope, or a loop or branch body) may be
+    programmatic, worked out as each op is recorded. ``full`` holds the indices of the nodes
+    every edge out of which is full (anything but a launch of a ``pdl=True`` kernel), so a chain
+    of PDL kernels costs one set test per op however many predecessors it has."""
+
+    __slots__ = ("full",)
+
+    def __init__(self) -> None:
+        self.full: set[int] = set()
+
+    def of(self, op: GraphNode, deps: frozenset[int], nodes: Sequence[RecordedNode]) -> frozenset[int]:
+        """The subset of ``deps`` (indices into ``nodes``) whose edges into ``op``, recorded as node
+        ``len(nodes)``, may be programmatic."""
+        if type(op) is not KernelLaunch or not op.kernel.pdl:
+            self.full.add(len(nodes))
+            return NONE
+        early = op.kernel.reads_before_wait
+        full = self.full
+        if not early and full.isdisjoint(deps):
+            return deps  # every edge (the common case in a chain of PDL kernels): no new set
+        chosen = [d for d in deps if d not in full and not (early and early_load_of(op, nodes[d].op) is not None)]
+        if len(chosen) == len(deps):
+            return deps
+        return frozenset(chosen) if chosen else NONE
 
 
 def early_load_of(op: GraphNode, before: GraphNode) -> Borrow | None:

@@ -21,7 +21,7 @@ from ._kernel import KernelLaunch
 from ._lifetime import Pin
 from ._ops import AllocationOp, GraphNode, Join
 from ._params import Param, note_params
-from ._pdl import NONE, programmatic_deps
+from ._pdl import NONE, EdgeKinds
 from ._stream import Stream, check_runnable
 from ._tracker import ORDERS, DataflowTracker, ProgramOrderTracker
 
@@ -124,6 +124,7 @@ class Scope:
         self.pdl = True
         self.opened_at = opened_at
         self._nodes: list[RecordedNode] = []
+        self._edge_kinds = EdgeKinds()
         # Dropped when the scope ends: its join callback refers back to the scope.
         self._tracker: DataflowTracker | ProgramOrderTracker | None = tracker(self._add_join)
         self._pin = Pin(f"the open scope at {opened_at}", recording=True)
@@ -178,7 +179,7 @@ class Scope:
         deps = self._tracker.add(borrows)
         self._pin.add(borrows)
         node = RecordedNode(
-            len(self._nodes), op, deps, self._where, programmatic_deps(op, deps, self._nodes) if self.pdl else NONE
+            len(self._nodes), op, deps, self._where, self._edge_kinds.of(op, deps, self._nodes) if self.pdl else NONE
         )
         self._nodes.append(node)
         return node
@@ -238,6 +239,7 @@ class Scope:
     def _add_join(self, index: int, deps: frozenset[int]) -> None:
         """The tracker's join nodes, recorded where the op that needed them was."""
         assert index == len(self._nodes)
+        self._edge_kinds.full.add(index)
         self._nodes.append(RecordedNode(index, Join(), deps, self._where))
 
     @property

@@ -150,6 +150,32 @@ def test_edges_between_pdl_kernels_are_programmatic_and_no_others(sg_device: sg.
     np.testing.assert_array_equal(w.numpy(), 4 * y.numpy())
 
 
+def test_edges_out_of_a_join_node_are_full(sg_device: sg.Device, sg_stream: sg.Stream) -> None:
+    """A join the tracker adds (the second partial write after many readers) is not a kernel: the PDL
+    kernel after it gets a full edge from it, at the top level and in a loop body alike."""
+    x, flag = sg_device.zeros((64,), name="x"), sg_device.zeros((1,), sg.i32, name="flag")
+    outs = [sg_device.zeros((64,), name=f"o{i}") for i in range(10)]
+
+    def readers_then_two_writes(into: sg.Scope | sg.Body) -> tuple[sg.RecordedNode, tuple[sg.RecordedNode, ...]]:
+        for out in outs:  # more readers of x than a write waits for one by one twice
+            into.record(library.add_op(out.mut(), x, x))
+        into.record(library.fill_op(x[:32].mut(), 2.0))  # waits for each reader
+        into.record(library.fill_op(x[32:].mut(), 2.0))  # waits for a join of them
+        return into.nodes[-1], into.nodes
+
+    with CudaGraph.scope(sg_stream) as s:
+        at_top = readers_then_two_writes(s)
+        with s.while_(flag) as body:
+            in_body = readers_then_two_writes(body)
+    for node, nodes in (at_top, in_body):
+        (join,) = (d for d in node.deps if isinstance(nodes[d].op, sg.Join))
+        assert node.programmatic == node.deps - {join}
+    with s.graph as g:
+        g.launch()
+        g.sync()
+    np.testing.assert_array_equal(x.numpy(), 2.0)
+
+
 def test_a_pdl_kernel_reading_early_what_its_predecessor_writes_gets_a_full_edge(
     sg_device: sg.Device, sg_stream: sg.Stream
 ) -> None:
