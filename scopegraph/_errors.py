@@ -13,6 +13,12 @@ from typing import Any, Literal
 class ScopeGraphError(Exception):
     """Base class of every error scopegraph raises on bad input or a failed driver call."""
 
+    # Pickled (multiprocessing, pytest-xdist, a rank's error sent to another) as its message and
+    # fields: subclasses whose __init__ builds the message from fields could not be rebuilt from
+    # `args`, which holds the message only.
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _rebuilt, (type(self), str(self), self.__dict__)
+
 
 class NotAGraphNodeError(ScopeGraphError, TypeError):
     """``Scope.record`` got something that is not a graph node (an allocation op, or not an op)."""
@@ -188,9 +194,6 @@ class CudaError(ScopeGraphError):
             if advice and not any(line.startswith("help: ") for line in detail.splitlines()):
                 lines.append(f"help: {advice}")
         super().__init__("\n".join(lines))
-
-    def __reduce__(self) -> tuple[Any, ...]:  # args holds the message only: rebuild from the fields
-        return _rebuilt, (type(self), str(self), self.__dict__)
 
 
 class LaunchResourceError(SignatureError, CudaError):

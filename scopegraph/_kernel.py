@@ -20,7 +20,7 @@ import re
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, Generic, ParamSpec, TypeVar, get_args, get_origin, get_type_hints
+from typing import TYPE_CHECKING, Annotated, Any, Generic, ParamSpec, TypeVar, get_args, get_origin, get_type_hints
 
 import numpy as np
 
@@ -402,6 +402,22 @@ class Kernel(Generic[P]):
         sig = ", ".join(p.describe() for p in self.params)
         return f"<kernel {self.name_expression}({sig})>"
 
+    if not TYPE_CHECKING:  # mypy reports such a call itself: a Kernel is not callable
+
+        def __call__(self, *args: object, **kwargs: object) -> None:
+            launch = (
+                f"{self.__name__}.generics(...)[grid, block]"
+                if self.template_parameters
+                else f"{self.__name__}[grid, block]"
+            )
+            raise SignatureError(
+                diagnostic(
+                    f"`{self.name_expression}` was called without a launch configuration",
+                    ["a kernel runs as a grid of blocks of threads: the call needs both"],
+                    help=f"launch it as {launch}(...), e.g. with enough threads for the elements it touches",
+                )
+            )
+
     @property
     def template_parameters(self) -> str | None:
         """For a C++ template kernel not instantiated by generics(), its template parameter list
@@ -614,7 +630,16 @@ def _check_template_count(kernel: Kernel[Any], given: int) -> None:
     if len(declarations) != 1:  # none readable from the source, or overloads that may differ
         return
     (declared,) = declarations
-    if declared is None or "..." in declared:  # not a template, or a parameter pack
+    if declared is None:
+        raise SignatureError(
+            diagnostic(
+                f"`{kernel.cpp_name}` is not a C++ template kernel, and generics() got {given} template "
+                f"argument{'' if given == 1 else 's'}",
+                ["NVRTC would refuse the instantiation on a GPU (the host backend cannot tell)"],
+                help=f"launch it as it is: {kernel.__name__}[grid, block](...)",
+            )
+        )
+    if "..." in declared:  # a parameter pack: any count
         return
     parameters = _top_level_items(declared[1:-1])
     required = sum("=" not in p for p in parameters)

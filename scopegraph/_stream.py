@@ -7,6 +7,7 @@ one scope records from one thread; a stream that a scope records on refuses eage
 from __future__ import annotations
 
 import itertools
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -26,6 +27,16 @@ _stream_ids = itertools.count(1)
 device_lookup: Callable[[Device | str], Device] | None = None
 
 
+# The Stream of each CUDA stream, by the stream's handle: wrapping one twice (dev.stream().native,
+# or a torch stream, passed to from_handle) gives the same Stream, so a scope recording on it
+# refuses eager work through every wrapper.
+_by_handle: weakref.WeakValueDictionary[int, Stream] = weakref.WeakValueDictionary()
+
+
+def _handle(native: object) -> int:
+    return int(native.__cuda_stream__()[1])  # type: ignore[attr-defined]
+
+
 class Stream:
     """An ordered queue of work on one device. ``run`` executes any op eagerly, in stream order."""
 
@@ -40,6 +51,8 @@ class Stream:
         self.id = next(_stream_ids)
         # What was last submitted here (an op's name, or a graph's id), named if the GPU faults later.
         self.last_work: str | int = ""
+        if native is not None:
+            _by_handle[_handle(native)] = self
 
     def __repr__(self) -> str:
         return f"<Stream #{self.id} on {self.device}>"
@@ -82,7 +95,8 @@ class Stream:
     def from_handle(obj: Any, device: Device | str | None = None) -> Stream:
         """Wrap a stream from another library (anything with ``__cuda_stream__``, e.g. a torch or
         CuPy stream, or a cuda.core Stream) without owning it, on the device the stream belongs to.
-        A scopegraph Stream is returned as it is."""
+        A scopegraph Stream is returned as it is, and so is the one that already wraps the same
+        CUDA stream (one stream, one recording state)."""
         get_device = device_lookup
         assert get_device is not None, "scopegraph._device registers the lookup on import"
         if isinstance(obj, Stream):
@@ -114,7 +128,8 @@ class Stream:
                     "help: leave device= out (it is found from the stream)"
                 )
             dev = get_device(f"cuda:{index}")
-        return Stream(dev, native)
+        known = _by_handle.get(_handle(native))
+        return known if known is not None else Stream(dev, native)
 
 
 def check_runnable(op: GraphNode, stream: Stream) -> None:

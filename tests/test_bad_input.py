@@ -99,6 +99,25 @@ def test_write_to_read_only_foreign_array_is_refused_before_launch() -> None:
         s.graph.launch()  # the bug: a raw ValueError here, after instantiation
 
 
+@sg.kernel("")
+def _copies(out: sg.Mut[sg.Tensor], x: sg.Tensor) -> None:
+    """Declares x read."""
+
+
+@_copies.host
+def _copies_host(out: Any, x: Any) -> None:
+    x[:] = out  # the reference writes what the declaration says the kernel only reads
+
+
+def test_a_host_reference_that_writes_a_read_tensor_is_a_borrow_error_naming_it() -> None:
+    """The reference's write to a read-only view was a BoundsError whose help spoke of sizes."""
+    dev = sg.device("host")
+    out, x = dev.zeros((4,), name="out"), dev.zeros((4,), name="x")
+    with pytest.raises(sg.BorrowError, match=r"(?s)wrote a tensor the kernel only reads.*x: x is a Tensor.*\nhelp: if"):
+        dev.stream().run(_copies[1, 4](out.mut(), x))
+    assert_stream_usable(dev.stream())
+
+
 @sg.kernel("", touches={"out": "n // k"})
 def _chunks(out: sg.Mut[sg.Tensor], n: sg.i32, k: sg.i32) -> None:
     """Touches n // k elements of out."""

@@ -370,6 +370,22 @@ def test_driver_errors_survive_pickling(error: sg.CudaError) -> None:
     assert (again.operation, again.result, again.context_lost) == (error.operation, error.result, error.context_lost)
 
 
+@pytest.mark.parametrize(
+    "error",
+    [
+        sg.CompileError("k", "k.cu(3): error: expected a ';'", ["--std=c++17"]),
+        sg.PdlWaitError("k", "sm_90", ["a note"]),
+        sg.FrozenExportError.refusing("w", "dlpack"),
+        sg.BoundsError("row 9 is out of range\nhelp: index rows 0..3"),
+    ],
+    ids=["compile", "pdl_wait", "frozen_export", "bounds"],
+)
+def test_every_error_survives_pickling_with_its_fields(error: sg.ScopeGraphError) -> None:
+    """CompileError's __init__ takes (kernel_name, log): unpickling called it with the message alone."""
+    again = pickle.loads(pickle.dumps(error))
+    assert type(again) is type(error) and str(again) == str(error) and again.__dict__ == error.__dict__
+
+
 # -- CudaError: a help line where the user can act --------------------------------------------
 
 

@@ -274,6 +274,28 @@ def test_from_handle_finds_the_device_and_refuses_non_streams(cuda: sg.Device) -
         sg.Stream.from_handle(object())
 
 
+def test_one_cuda_stream_has_one_stream_wrapper(cuda: sg.Device) -> None:
+    """Wrapping one CUDA stream again (its cuda.core stream, or a torch stream twice) gives the
+    same Stream, so a scope recording on it refuses eager work and nested scopes through either."""
+    torch = pytest.importorskip("torch")
+    stream = cuda.stream()
+    again = sg.Stream.from_handle(stream.native)
+    assert again is stream
+    foreign = torch.cuda.Stream(device=0)
+    assert sg.Stream.from_handle(foreign) is sg.Stream.from_handle(foreign)
+    z = cuda.zeros((8,), name="z")
+    with CudaGraph.scope(stream) as s:
+        s.record(sg.memset(z.mut(), 1.0))
+        with pytest.raises(sg.ScopeStateError, match="while a scope is recording"):
+            sg.Stream.from_handle(stream.native).run(sg.memset(z.mut(), 2.0))
+        with pytest.raises(sg.ScopeStateError):
+            CudaGraph.scope(sg.Stream.from_handle(stream.native)).__enter__()
+    with s.graph as g:
+        g.launch()
+        g.sync()
+    np.testing.assert_array_equal(z.numpy(), 1.0)
+
+
 def test_dlpack_export_orders_the_consumer_stream(cuda: sg.Device) -> None:
     """Exporting while a slow kernel still writes: torch's stream waits for it."""
     torch = pytest.importorskip("torch")

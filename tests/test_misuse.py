@@ -250,6 +250,15 @@ def record_a_launcher_not_called(c: Ctx) -> None:
         s.record(library.fill[1, 64])  # type: ignore[arg-type]
 
 
+@case("SignatureError", r"`axpy` was called without a launch configuration", r"help: launch it as axpy\[grid, block\]")
+def call_a_kernel_without_a_launch_shape(c: Ctx) -> None:
+    """`axpy(y.mut(), x, 2.0, 8)`: a kernel called as a function, with no [grid, block]."""
+    x, y = c.zeros(8, "x"), c.zeros(8, "y")
+    with c.scope() as s:
+        s.record(sg.memset(x.mut(), 1.0))
+        s.record(library.axpy(y.mut(), x, 2.0, 8))  # type: ignore[operator]
+
+
 @case("NotAGraphNodeError", r"stream\.run\(\) takes an op")
 def run_a_launcher_not_called(c: Ctx) -> None:
     """`kernel[grid, block]` given to stream.run without calling it."""

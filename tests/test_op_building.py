@@ -269,6 +269,9 @@ def test_generics_takes_as_many_arguments_as_the_template_declares() -> None:
         ),
     ):
         assert sg.kernel(source, name="tc")(tk.__wrapped__).generics(*given).template_args == tuple(map(str, given))
+    # A kernel that is no template at all (NVRTC refuses `add<3>`; the host ran it).
+    with pytest.raises(SignatureError, match=r"`add` is not a C\+\+ template kernel.*\n.*\nhelp: launch it as it is"):
+        library.add.generics(3)
 
 
 def test_a_host_reference_sees_the_template_arguments_and_reaches_every_derived_kernel() -> None:

@@ -11,8 +11,8 @@ the whole library (and users' graph programs) can be tested on machines without 
   result in tests, reproducibly, instead of hiding behind record order.
 - A reference gets exactly each tensor's view (read-only for shared borrows), as a
   :class:`HostView`: a numpy array whose indexing refuses slices past the view (numpy would clip
-  them silently). An IndexError or ValueError the reference raises (an access past the view, a
-  write to a read-only one) becomes a BoundsError naming the launch.
+  them silently). An IndexError or ValueError the reference raises (an access past the view)
+  becomes a BoundsError naming the launch; a write to a read-only view, a BorrowError.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import numpy as np
 
 from .._capture import Captured
 from .._control import Body, ControlNode, While, levels
-from .._errors import BoundsError, NoHostReferenceError, diagnostic
+from .._errors import BorrowError, BoundsError, NoHostReferenceError, diagnostic
 from .._kernel import KernelLaunch
 from .._ops import GraphNode, Memcpy, Memset, unknown_kind
 from .._tensor import Tensor
@@ -198,21 +198,43 @@ def _thunk(
     def run() -> None:
         try:
             fn(*bound, **launch)
-        except (IndexError, ValueError) as exc:
-            raise BoundsError(
+        except ValueError as exc:
+            if "read-only" not in str(exc):  # numpy's "assignment destination is read-only"
+                raise _reference_failed(op, exc) from exc
+            raise BorrowError(
                 diagnostic(
-                    f"the host reference of `{op.name}` failed: {exc}",
+                    f"the host reference of `{op.name}` wrote a tensor the kernel only reads",
                     [
                         f"launched as {op.name}[{op.grid}, {op.block}]",
-                        *(f"{b.param}: {b.tensor.name} {b.tensor.shape}" for b in op.borrows),
+                        *(
+                            f"{b.param}: {b.tensor.name} is a Tensor parameter (read)"
+                            for b in op.borrows
+                            if not b.mutable
+                        ),
                     ],
-                    help="the launch reads or writes past a tensor it was given (on a GPU: an illegal address), "
-                    "writes one it only reads, or combines views whose shapes differ; check its size "
-                    "arguments and shapes, or declare the sizes with @sg.kernel(..., touches=...)",
+                    help="if the kernel writes it, declare the parameter Mut[Tensor] and pass tensor.mut() "
+                    "(scopegraph orders writers after readers only if it knows); otherwise fix the reference",
                 )
             ) from exc
+        except IndexError as exc:
+            raise _reference_failed(op, exc) from exc
 
     return run
+
+
+def _reference_failed(op: KernelLaunch, exc: Exception) -> BoundsError:
+    return BoundsError(
+        diagnostic(
+            f"the host reference of `{op.name}` failed: {exc}",
+            [
+                f"launched as {op.name}[{op.grid}, {op.block}]",
+                *(f"{b.param}: {b.tensor.name} {b.tensor.shape}" for b in op.borrows),
+            ],
+            help="the launch reads or writes past a tensor it was given (on a GPU: an illegal address), "
+            "or combines views whose shapes differ; check its size arguments and shapes, or declare "
+            "the sizes with @sg.kernel(..., touches=...)",
+        )
+    )
 
 
 def _control_thunk(op: ControlNode, bodies: list[_HostGraph]) -> Callable[[], None]:
