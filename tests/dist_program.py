@@ -1,7 +1,9 @@
-"""A multi-rank program that tests/test_collectives.py launches: one process per rank.
+"""A multi-rank program that tests/test_collectives.py and tests/test_bootstrap_mpi.py launch:
+one process per rank.
 
 On the host backend (CI) it is started with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT and
-SCOPEGRAPH_BOOTSTRAP=socket; on GPUs with ``torchrun --nproc-per-node 2`` (NCCL through nccl4py).
+SCOPEGRAPH_BOOTSTRAP=socket, or by ``mpiexec -n N`` (the mpi bootstrap); on GPUs with
+``torchrun --nproc-per-node 2`` (NCCL through nccl4py).
 Every result is checked against numpy; each check prints one line, and the last line is
 ``rank R: ALL OK`` when every check passed.
 """

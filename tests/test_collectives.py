@@ -331,6 +331,8 @@ def test_socket_bootstrap_times_out_without_peers() -> None:
         SocketBootstrap(0, 2, "127.0.0.1", free_port(), timeout=1.0)
     with pytest.raises(sg.DistributedError, match="timed out after 1 s connecting to rank 0"):
         SocketBootstrap(1, 2, "127.0.0.1", free_port(), timeout=1.0)
+    with pytest.raises(sg.DistributedError, match=r"timed out after 0\.5 s waiting"):  # not rounded to "0 s"
+        SocketBootstrap(0, 2, "127.0.0.1", free_port(), timeout=0.5)
 
 
 # -- two GPUs: the same program on NCCL, under torchrun ----------------------------------------
