@@ -18,6 +18,7 @@ serve many sizes (seed 003).
 
 from __future__ import annotations
 
+import inspect
 import operator
 import sys
 import threading
@@ -54,6 +55,7 @@ class GraphCache(Generic[K]):
                 f"GraphCache's record must be a function record(s, key), not {type(record).__name__}\n"
                 "help: pass a function that records the program for a key into the scope it is given"
             )
+        _check_takes_scope_and_key(record)
         if isinstance(maxsize, (bool, np.bool_)) or not isinstance(maxsize, (int, np.integer)) or maxsize < 1:
             raise SignatureError(f"GraphCache maxsize={maxsize!r} is not a positive int\nhelp: pass e.g. maxsize=8")
         maxsize = int(maxsize)
@@ -186,3 +188,21 @@ def bucket(n: SupportsIndex, buckets: Iterable[SupportsIndex]) -> int:
             help=f"add a bucket of at least {size}, or split the work into pieces of at most {sizes[-1]}",
         )
     )
+
+
+def _check_takes_scope_and_key(record: Callable[..., object]) -> None:
+    """``record`` is called as ``record(s, key)``: refused here, not at the first miss."""
+    try:
+        signature = inspect.signature(record)
+    except (TypeError, ValueError):  # a builtin without a signature: it fails when called
+        return
+    try:
+        signature.bind(None, None)
+    except TypeError as exc:
+        raise SignatureError(
+            diagnostic(
+                f"GraphCache's record{signature} cannot be called as record(s, key) ({exc})",
+                ["on a miss, cache.get(key) records the key's graph with record(scope, key)"],
+                help="give it two positional parameters: the scope to record into, then the key",
+            )
+        ) from None

@@ -26,7 +26,7 @@ from ._errors import LifetimeError, NotAGraphNodeError, SignatureError, diagnost
 from ._lifetime import SHARED_REPLAYS, Pin, order_replay, repin, sharers
 from ._ops import GraphNode
 from ._params import ParamTable
-from ._scope import RecordedNode, Scope, caller
+from ._scope import RecordedNode, Scope, caller, supersede
 from ._stream import Stream
 from ._tensor import Tensor
 from ._update import Structure, all_borrows, check_rebind, commit, plan_rebind, topology, update_executable
@@ -259,6 +259,7 @@ class CudaGraph:
                 self._unpin = weakref.finalize(self, _close, rebuilt, self._pin)
                 exe.close()  # a replay in flight completes first
                 self.last_update = "rebuilt"
+            supersede(self._nodes)
             self._nodes = nodes
             self.order = order
             self._params = None

@@ -110,6 +110,8 @@ class GraphNode(Op[None]):
         return f"{self.name}({args})"
 
     def __repr__(self) -> str:
+        if not hasattr(self, "borrows"):  # a bare sg.GraphNode(), which no op constructor built
+            return f"<{type(self).__name__}: not an op>"
         return self.label()
 
 

@@ -16,7 +16,7 @@ from enum import Enum
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
-from ._errors import NotAGraphNodeError, ScopeStateError, SignatureError, diagnostic
+from ._errors import LifetimeError, NotAGraphNodeError, ScopeStateError, SignatureError, diagnostic
 from ._kernel import KernelLaunch
 from ._lifetime import Pin
 from ._ops import AllocationOp, GraphNode, Join
@@ -86,6 +86,36 @@ class RecordedNode:
     def __repr__(self) -> str:
         deps = ", ".join(map(str, sorted(self.deps)))
         return f"<node {self.index}: {self.op.label()} after [{deps}]>"
+
+
+class _Superseded(RecordedNode):
+    """A handle from a recording that ``CudaGraph.scope(stream, into=graph)`` replaced: the graph's
+    node at its index is another recording's now, so reading its op or edges fails rather than
+    show what the graph no longer runs (its index and location still say where it was recorded).
+    A class swap: the hot path's RecordedNode keeps plain slots."""
+
+    __slots__ = ()
+
+    def __getattribute__(self, name: str) -> Any:
+        if name in ("op", "deps", "programmatic"):
+            raise LifetimeError(
+                diagnostic(
+                    f"node {self.index}'s handle, recorded at {self.location}, names a node of a recording "
+                    f"that was replaced: its `{name}` is no longer the graph's",
+                    ["the graph was recorded again with CudaGraph.scope(stream, into=graph)"],
+                    help="use graph.nodes, or the handles that the latest recording's s.record returned",
+                )
+            )
+        return object.__getattribute__(self, name)
+
+    def __repr__(self) -> str:
+        return f"<node {self.index} of a replaced recording>"
+
+
+def supersede(nodes: Sequence[RecordedNode]) -> None:
+    """The handles of a recording that a graph no longer runs (see _Superseded)."""
+    for node in nodes:
+        node.__class__ = _Superseded
 
 
 def _frame(depth: int) -> tuple[str, int]:

@@ -57,8 +57,13 @@ class Stream:
     def __repr__(self) -> str:
         return f"<Stream #{self.id} on {self.device}>"
 
-    def __cuda_stream__(self) -> tuple[int, int]:
-        return self.native.__cuda_stream__()  # type: ignore[attr-defined,no-any-return]
+    @property
+    def __cuda_stream__(self) -> Callable[[], tuple[int, int]]:
+        """The CUDA stream protocol, on a CUDA device only: a host backend stream has no CUDA
+        stream, so ``hasattr(stream, "__cuda_stream__")`` is False there, as other libraries test."""
+        if self.native is None:
+            raise AttributeError(f"{self!r} is a host backend stream: it has no CUDA stream (__cuda_stream__)")
+        return self.native.__cuda_stream__  # type: ignore[attr-defined,no-any-return]
 
     def check_not_recording(self, what: str) -> None:
         scope = self.recording
@@ -110,6 +115,7 @@ class Stream:
                     "__cuda_stream__; for the host backend use sg.device('host').stream()",
                 )
             )
+        _check_protocol(obj)
         dev = get_device("cuda" if device is None else device)
         if not dev.is_cuda:
             raise SignatureError(
@@ -130,6 +136,24 @@ class Stream:
             dev = get_device(f"cuda:{index}")
         known = _by_handle.get(_handle(native))
         return known if known is not None else Stream(dev, native)
+
+
+def _check_protocol(obj: Any) -> None:
+    """``obj.__cuda_stream__()`` gives (version, handle), two ints, as the protocol says: cuda.core
+    would refuse anything else with a RuntimeError (or crash on a handle that is no stream)."""
+    try:
+        answer = obj.__cuda_stream__()
+        fits = isinstance(answer, tuple) and len(answer) == 2 and all(isinstance(v, int) for v in answer)
+    except Exception as exc:  # the other library's own error: reported, not passed on
+        answer, fits = f"an error ({type(exc).__name__}: {exc})", False
+    if not fits:
+        raise SignatureError(
+            diagnostic(
+                f"Stream.from_handle() got {type(obj).__name__}, whose __cuda_stream__() gave {answer!r}",
+                ["the CUDA stream protocol's __cuda_stream__() returns (version, handle): two ints"],
+                help="pass the stream object of torch, CuPy or cuda.core itself, or fix its __cuda_stream__",
+            )
+        )
 
 
 def check_runnable(op: GraphNode, stream: Stream) -> None:

@@ -582,3 +582,14 @@ def test_node_kinds_scopegraph_does_not_make_are_refused_on_every_backend(sg_dev
         graph.launch()
         np.testing.assert_array_equal(x.numpy(), 1.0)
     assert_stream_usable(stream)
+
+
+def test_a_host_stream_does_not_claim_the_cuda_stream_protocol() -> None:
+    """A host stream had __cuda_stream__, whose call raised AttributeError on None: other libraries
+    test the protocol with hasattr, then call it."""
+    assert not hasattr(sg.device("host").stream(), "__cuda_stream__")
+
+
+def test_a_bare_graph_node_has_a_repr() -> None:
+    """repr(sg.GraphNode()) raised AttributeError (its label reads borrows no constructor set)."""
+    assert repr(sg.GraphNode()) == "<GraphNode: not an op>"

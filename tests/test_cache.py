@@ -192,8 +192,11 @@ def test_record_calling_get_is_refused_not_deadlocked(sg_device: sg.Device, sg_s
         (lambda s: sg.GraphCache(None, lambda sc, k: None), r"GraphCache needs a scopegraph Stream, not NoneType"),  # type: ignore[arg-type]
         (lambda s: sg.GraphCache(s, 3), r"record must be a function record\(s, key\), not int"),  # type: ignore[arg-type]
         (lambda s: sg.GraphCache(s, lambda sc, k: None, order="bogus"), r"order='bogus' is not an ordering"),
+        # A TypeError escaped the first get() (the call record(s, key)).
+        (lambda s: sg.GraphCache(s, lambda sc: None), r"record\(sc\) cannot be called as record\(s, key\)"),  # type: ignore[arg-type, misc]
+        (lambda s: sg.GraphCache(s, lambda sc, k, n: None), r"record\(sc, k, n\) cannot be called"),  # type: ignore[arg-type, misc]
     ],
-    ids=["zero", "bool", "stream", "record", "order"],
+    ids=["zero", "bool", "stream", "record", "order", "one_parameter", "three_parameters"],
 )
 def test_cache_arguments_are_checked(sg_stream: sg.Stream, make: Callable[[sg.Stream], object], match: str) -> None:
     with pytest.raises(sg.SignatureError, match=match) as info:

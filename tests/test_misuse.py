@@ -875,6 +875,19 @@ def stream_from_handle_on_the_host_device(c: Ctx) -> None:
     sg.Stream.from_handle(_ForeignStream(), device="host")
 
 
+class _BrokenStream:
+    """A __cuda_stream__ that breaks the protocol (cuda.core raised a RuntimeError, a CudaError here)."""
+
+    def __cuda_stream__(self) -> object:
+        return "nonsense"
+
+
+@case("SignatureError", r"__cuda_stream__\(\) gave 'nonsense'", r"\(version, handle\): two ints")
+def stream_from_handle_of_a_broken_protocol(c: Ctx) -> None:
+    """sg.Stream.from_handle(obj) whose __cuda_stream__() does not give (version, handle)."""
+    sg.Stream.from_handle(_BrokenStream())
+
+
 @case("SignatureError", r"gpu:0")
 def unknown_device_string(c: Ctx) -> None:
     """sg.device("gpu:0")."""

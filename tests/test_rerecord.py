@@ -63,8 +63,13 @@ def test_recording_again_gives_a_fresh_graphs_results(sg_device: sg.Device, sg_s
         np.testing.assert_array_equal(y.numpy(), want[1], err_msg=f"step {step}")
         assert len(graph.nodes) == 2 + extra
     assert kinds == ["whole", "whole", "whole", "rebuilt", "whole", "rebuilt", "rebuilt", "whole"]
-    # The earlier recording's handles still describe what was recorded then.
-    assert [n.index for n in first_nodes] == [0, 1] and first_nodes[1].op.label() == "axpy(mut y, x)"
+    # The earlier recording's handles still say where they were recorded, but no longer show an op
+    # or edges as the graph's: those are the latest recording's (they went stale silently).
+    assert [n.index for n in first_nodes] == [0, 1] and first_nodes[1].location.endswith("test_rerecord.py:28")
+    for field in ("op", "deps", "programmatic"):
+        with pytest.raises(sg.LifetimeError, match=r"(?s)node 1's handle, .* was replaced.*\nhelp: use graph.nodes"):
+            getattr(first_nodes[1], field)
+    assert repr(first_nodes[1]) == "<node 1 of a replaced recording>" and graph.nodes[1].op.label() == "axpy(mut y, x)"
     graph.close()
 
 

@@ -203,7 +203,7 @@ def _thunk(
                 raise _reference_failed(op, exc) from exc
             raise BorrowError(
                 diagnostic(
-                    f"the host reference of `{op.name}` wrote a tensor the kernel only reads",
+                    f"the host reference of `{op.name}` wrote a tensor the kernel only reads (its view is read-only)",
                     [
                         f"launched as {op.name}[{op.grid}, {op.block}]",
                         *(
