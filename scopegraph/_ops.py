@@ -315,10 +315,14 @@ class AllocationOp(Op[Tensor]):
         return tensor
 
 
-def _shape(shape: int | tuple[int, ...] | list[int], dtype: DType) -> tuple[int, ...]:
+def _shape(shape: object, dtype: DType) -> tuple[int, ...]:
     """The shape of a new tensor of ``dtype``, as a tuple of ints; SignatureError if it is not one
-    or cannot be allocated."""
-    given = tuple(shape) if isinstance(shape, (tuple, list)) else (shape,)
+    or cannot be allocated. (An int, a tuple or list of them, or a 1-d integer array, as numpy takes.)"""
+    given: tuple[Any, ...]
+    if isinstance(shape, (tuple, list)) or (isinstance(shape, np.ndarray) and shape.ndim == 1):
+        given = tuple(shape)
+    else:
+        given = (shape,)
     for d in given:
         _refuse_bool(d, f"a size in shape {shape!r}", "pass sizes as ints, e.g. (1,) rather than (True,)")
     try:

@@ -17,9 +17,9 @@ An edge d -> n of a recording is programmatic when
   before n starts loading it).
 
 Every other edge (memcpy, memset, join, loop and non-PDL kernel nodes at either end) stays full.
-The scope computes this once per recorded op (``EdgeKinds``, kept in ``RecordedNode.programmatic``); the CUDA backend
-makes those edges programmatic on sm_90 and later and full below, and the host backend ignores
-them. ``CudaGraph.scope(stream, pdl=False)`` records every edge as a full one.
+The scope works this out once per recorded op (``EdgeKinds``; ``RecordedNode.programmatic`` keeps
+it); the CUDA backend makes those edges programmatic on sm_90 and later and full below, and the
+host backend ignores them. ``CudaGraph.scope(stream, pdl=False)`` records every edge as a full one.
 """
 
 from __future__ import annotations

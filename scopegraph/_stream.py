@@ -143,7 +143,7 @@ def _check_protocol(obj: Any) -> None:
     would refuse anything else with a RuntimeError (or crash on a handle that is no stream)."""
     try:
         answer = obj.__cuda_stream__()
-        fits = isinstance(answer, tuple) and len(answer) == 2 and all(isinstance(v, int) for v in answer)
+        fits = isinstance(answer, (tuple, list)) and len(answer) == 2 and all(isinstance(v, int) for v in answer)
     except Exception as exc:  # the other library's own error: reported, not passed on
         answer, fits = f"an error ({type(exc).__name__}: {exc})", False
     if not fits:

@@ -593,3 +593,13 @@ def test_a_host_stream_does_not_claim_the_cuda_stream_protocol() -> None:
 def test_a_bare_graph_node_has_a_repr() -> None:
     """repr(sg.GraphNode()) raised AttributeError (its label reads borrows no constructor set)."""
     assert repr(sg.GraphNode()) == "<GraphNode: not an op>"
+
+
+def test_a_one_dimensional_integer_array_is_a_shape_as_in_numpy() -> None:
+    """dev.zeros(np.array([2, 4])) was refused while t.view(np.array([2, 4])) was accepted."""
+    dev = sg.device("host")
+    shape: Any = np.array([2, 4])
+    assert dev.zeros(shape).shape == (2, 4) == dev.zeros((8,)).view(shape).shape
+    for bad in (np.array([2.5, 4.0]), np.array([[2, 4]])):
+        with pytest.raises(sg.SignatureError, match="is not an int or a tuple of ints"):
+            dev.zeros(bad)  # type: ignore[arg-type]
