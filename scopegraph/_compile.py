@@ -31,11 +31,15 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import numbers
 import os
 import re
 import threading
+import typing
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
 
 from ._errors import CompileError, PdlWaitError, ScopeGraphError, diagnostic
 
@@ -234,6 +238,7 @@ def _options(kernel: Kernel[Any], arch: str) -> tuple[ProgramOptions, bytes | No
         )
     if given.get("std") is None:
         given["std"] = "c++17"
+    _check_option_types(kernel, given, ProgramOptions)
     try:
         options = ProgramOptions(arch=arch, name=kernel.cpp_name, **given)
     except (TypeError, ValueError, RuntimeError) as exc:
@@ -249,6 +254,29 @@ def _options(kernel: Kernel[Any], arch: str) -> tuple[ProgramOptions, bytes | No
     return options, extra
 
 
+def _check_option_types(kernel: Kernel[Any], given: dict[str, Any], fields: type) -> None:
+    """Each option's value is of a type its ProgramOptions field takes (its outer type: a list's
+    items are left to NVRTC): ProgramOptions keeps any value, and NVRTC then refuses the one it
+    cannot read as a compile error of the source, and only on a GPU."""
+    hints = typing.get_type_hints(fields)
+    for name, value in given.items():
+        if value is None or name not in hints:  # an unknown name: ProgramOptions refuses it
+            continue
+        kinds = {typing.get_origin(t) or t for t in typing.get_args(hints[name]) or (hints[name],)}
+        if isinstance(value, (bool, np.bool_)):
+            fits = bool in kinds  # True is an int to Python, not a count to NVRTC
+        elif isinstance(value, numbers.Integral):
+            fits = int in kinds
+        else:
+            fits = any(isinstance(value, k) for k in kinds if isinstance(k, type))
+        if not fits:
+            raise _BadCompileInput(
+                kernel,
+                f"bad compile option: {name}={value!r} is not {hints[name]}",
+                f"pass {name} as cuda.core.ProgramOptions declares it ({hints[name]}), or leave it out",
+            )
+
+
 def check_options(kernel: Kernel[Any]) -> None:
     """Refuse ``kernel``'s compile options as a GPU would, without compiling (the host backend
     runs references, but a program it passes must not fail on a GPU for its options). Does
@@ -259,13 +287,40 @@ def check_options(kernel: Kernel[Any]) -> None:
         return
 
 
+# NVRTC declares neither without the CUDA runtime headers, though DESIGN section 7 names the first
+# as a way to wait: a source that calls one and includes nothing gets these definitions (the
+# instructions the headers' own emit; none below sm_90, which has no programmatic edges), and
+# `#line 1` keeps NVRTC's line numbers those of the user's source.
+_PDL_CALLS = re.compile(r"\b(?:cudaGridDependencySynchronize|cudaTriggerProgrammaticLaunchCompletion)\s*\(")
+_PDL_PRELUDE = """#if __CUDA_ARCH__ >= 900
+#define SG_PDL_ASM(instruction) asm volatile(instruction ::: "memory")
+#else
+#define SG_PDL_ASM(instruction)
+#endif
+static __device__ __forceinline__ void cudaGridDependencySynchronize() { SG_PDL_ASM("griddepcontrol.wait;"); }
+static __device__ __forceinline__ void cudaTriggerProgrammaticLaunchCompletion() {
+    SG_PDL_ASM("griddepcontrol.launch_dependents;");
+}
+#undef SG_PDL_ASM
+#line 1
+"""
+
+
+def program_source(kernel: Kernel[Any]) -> str:
+    """The source NVRTC compiles for ``kernel``: its own, after _PDL_PRELUDE where it needs that."""
+    source = kernel.source
+    if "#include" in source or dict(kernel.options).get("pre_include") or not _PDL_CALLS.search(source):
+        return source
+    return _PDL_PRELUDE + source
+
+
 def _cache_key(kernel: Kernel[Any], arch: str) -> tuple[ProgramOptions, bytes]:
     from cuda.core.utils import make_program_cache_key
 
     options, extra = _options(kernel, arch)
     try:
         key = make_program_cache_key(
-            code=kernel.source,
+            code=program_source(kernel),
             code_type="c++",
             options=options,
             target_type="cubin",
@@ -365,7 +420,7 @@ def _compile(
 
     program: Any = None  # kept for the PTX; the check reads it from the same NVRTC program
     try:
-        program = Program(kernel.source, "c++", options)
+        program = Program(program_source(kernel), "c++", options)
         code = program.compile("cubin", name_expressions=(kernel.name_expression,))
     except Exception as exc:  # cuda.core raises NVRTCError (a RuntimeError) carrying the log
         # Freed now, not by the cycle collector through the traceback's frame: cuda.core's

@@ -126,7 +126,8 @@ class PdlWaitError(CompileError):
                     "without the wait it would read their outputs before they are written",
                     *notes,
                 ],
-                help="call cudaGridDependencySynchronize() (from <cuda_device_runtime_api.h>) or "
+                help="call cudaGridDependencySynchronize() (declared by scopegraph for a source that includes "
+                "nothing, else by <cuda_device_runtime_api.h>) or "
                 'asm volatile("griddepcontrol.wait;" ::: "memory") in every thread, on every path (an early '
                 "return too), before it reads its predecessors' outputs and before it exits, or drop pdl=True",
             ),

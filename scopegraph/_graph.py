@@ -52,6 +52,9 @@ class CudaGraph:
         self._pin = pin
         # Host streams run work synchronously: only a device with streams needs replay ordering.
         self._ordered = stream.device.is_cuda
+        # Where the last replay was launched (graph.launch(stream=) may name another stream): it
+        # ends after every earlier one, which it was ordered after, so sync() waits for it.
+        self._last_launch = stream
         self._lock = threading.Lock()
         # The pin goes when the graph does, even if the user never calls close().
         self._unpin = weakref.finalize(self, _close, executable, pin)
@@ -123,6 +126,7 @@ class CudaGraph:
             if params:
                 self._set_params(exe, params)
             stream.last_work = self.id
+            self._last_launch = stream
             if self._ordered and sharers(self._pin):
                 with SHARED_REPLAYS:
                     order_replay(self._pin, stream.native, stream.device.backend)
@@ -152,10 +156,13 @@ class CudaGraph:
             stream.run(op)
 
     def sync(self) -> None:
-        """Wait for every replay submitted so far on the graph's stream."""
+        """Wait for every replay of this graph submitted so far, on whichever stream it was
+        launched, and for the work on the graph's stream (graph.update)."""
         exe = self._exec
         if exe is None:
             raise self._closed_error("sync")
+        if self._last_launch is not self._stream:
+            self._last_launch.sync()
         self._stream.sync()
         after_sync = getattr(exe, "after_sync", None)  # reports a GPU loop stopped by its max_iterations (_control)
         if after_sync is not None:

@@ -343,12 +343,18 @@ def narrow(k: Kernel[P]) -> Kernel[P]:
 _narrow: dict[Kernel[Any], Kernel[Any]] = {}
 
 
-def _matrix(w: Tensor, helper: str) -> tuple[int, int, int, int]:
-    """(n, k, grid, shared bytes) of a matvec-family launch over ``w`` of shape (n, k)."""
+# An upper bound on the static shared memory of block_sum (kernels/library.cu: 33 floats, 144
+# bytes as compiled for sm_90): rms_norm_matvec's dynamic shared memory must leave room for it.
+BLOCK_SUM_SHARED = 256
+
+
+def _matrix(w: Tensor, helper: str, static_shared: int = 0) -> tuple[int, int, int, int]:
+    """(n, k, grid, shared bytes) of a matvec-family launch over ``w`` of shape (n, k), for a kernel
+    with at most ``static_shared`` bytes of static shared memory (the rest of 48 KiB is dynamic's)."""
     if borrowed_tensor(w, False, helper, "w").ndim != 2:
         raise SignatureError(f"{helper} needs a matrix `w`; `{w.name}` has shape {w.shape}\nhelp: view it as (n, k)")
     n, k = w.shape
-    shared = 4 * k if 4 * k <= MAX_SHARED_BYTES else 0  # x staged in shared memory (the fast path)
+    shared = 4 * k if 4 * k + static_shared <= MAX_SHARED_BYTES else 0  # x staged in shared memory (the fast path)
     return n, k, _blocks(n, MATVEC_WARPS * MATVEC_ROWS_PER_WARP), shared
 
 
@@ -367,7 +373,7 @@ def matvec_add_op(out: Mut[Tensor], x: Tensor, w: Tensor) -> KernelLaunch:
 def rms_norm_matvec_op(out: Mut[Tensor], x: Tensor, nw: Tensor, w: Tensor, eps: float) -> KernelLaunch:
     """``out = w @ rms_norm(x, nw, eps)`` for ``w`` of shape (n, k): the RMSNorm of one row fused
     into the matvec after it."""
-    n, k, grid, shared = _matrix(w, "rms_norm_matvec_op")
+    n, k, grid, shared = _matrix(w, "rms_norm_matvec_op", BLOCK_SUM_SHARED)
     return (narrow(rms_norm_matvec) if k <= NARROW_K else rms_norm_matvec)[grid, 32 * MATVEC_WARPS, shared](
         out, x, nw, w, eps, n, k
     )

@@ -352,8 +352,12 @@ def test_pre_include_outside_the_include_path_is_hashed(tmp_path: Path) -> None:
         ({"use_pch": ""}, "bad compile option"),
         ({"name": "x/y"}, "bad compile option: name is scopegraph's to choose"),
         ({"arch": "sm_80"}, "bad compile option: arch is scopegraph's to choose"),
-        ({"define_macro": 5}, "bad compile option: Expected define_macro"),  # cuda.core's RuntimeError
-        ({"define_macro": ("VALUE",)}, "bad compile option: Expected define_macro"),
+        ({"define_macro": 5}, "bad compile option: define_macro=5 is not str | tuple[str, str]"),
+        ({"define_macro": ("VALUE",)}, "bad compile option: Expected define_macro"),  # cuda.core's RuntimeError
+        # Values of a type the field does not take: NVRTC refused them on a GPU only, as a source error.
+        ({"max_register_count": "lots"}, "bad compile option: max_register_count='lots' is not int | None"),
+        ({"max_register_count": True}, "bad compile option: max_register_count=True is not int | None"),
+        ({"use_fast_math": 1}, "bad compile option: use_fast_math=1 is not bool | None"),
         ({"extra_sources": [("a.ll", "b")]}, "extra_sources is only valid"),  # refused by the cache key
     ],
 )

@@ -274,6 +274,20 @@ def test_from_handle_finds_the_device_and_refuses_non_streams(cuda: sg.Device) -
         sg.Stream.from_handle(object())
 
 
+def test_graph_sync_waits_for_a_replay_launched_on_another_stream(cuda: sg.Device) -> None:
+    """graph.sync() synchronised the graph's own stream only: a replay launched with
+    graph.launch(stream=other) could still run after it returned."""
+    x = cuda.zeros((N,), name="x")
+    home, other = cuda.stream(), cuda.stream()
+    with CudaGraph.scope(home) as s:
+        s.record(slow_fill[N // 256, 256](x.mut(), 4.0, N, CYCLES))
+    with s.graph as g:
+        g.launch(stream=other)
+        g.sync()
+        assert other.native.record().is_done  # type: ignore[attr-defined]
+    np.testing.assert_array_equal(x.numpy(), 4.0)
+
+
 def test_one_cuda_stream_has_one_stream_wrapper(cuda: sg.Device) -> None:
     """Wrapping one CUDA stream again (its cuda.core stream, or a torch stream twice) gives the
     same Stream, so a scope recording on it refuses eager work and nested scopes through either."""
@@ -306,6 +320,25 @@ def test_dlpack_export_orders_the_consumer_stream(cuda: sg.Device) -> None:
     total = t.sum()
     torch.cuda.synchronize()
     assert total.item() == 4.0 * N
+
+
+def test_memory_exported_through_dlpack_is_not_reused_while_the_consumer_still_reads_it(cuda: sg.Device) -> None:
+    """torch reads the export on its own stream, after a long sleep; both names are dropped
+    meanwhile. The consumer's stream is a user of the memory, so its release waits for that read
+    (new allocations then got the bytes first: the read saw 9s)."""
+    torch = pytest.importorskip("torch")
+    x = cuda.full((4096,), 1.0, name="x")
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        t = torch.from_dlpack(x)
+        torch.cuda._sleep(200_000_000)
+        copy = t.clone()
+    del t, x
+    gc.collect()
+    fresh = [cuda.full((4096,), 9.0) for _ in range(8)]
+    side.synchronize()
+    assert copy.sum().item() == 4096.0
+    del fresh
 
 
 def test_dlpack_copy_is_made_after_the_writes_queued_on_another_stream(cuda: sg.Device) -> None:

@@ -59,6 +59,24 @@ def test_matvec_vector_and_scalar_paths(sg_device: sg.Device, sg_stream: sg.Stre
         assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-5, (n, k)
 
 
+def test_the_widest_rows_that_fit_shared_memory_run_everywhere(sg_device: sg.Device, sg_stream: sg.Stream) -> None:
+    """k = 12288 (48 KiB of x): rms_norm_matvec's static shared memory (its block sum) left no room
+    to stage x, so the GPU refused the launch (LaunchResourceError) that the host ran; it now takes
+    the unstaged path there, and the matvecs without static shared memory still stage x."""
+    rng = np.random.default_rng(5)
+    n, k = 8, 12288
+    w_np, x_np, nw_np = rand(rng, n, k), rand(rng, k), rand(rng, k)
+    w, x, nw = (sg_device.from_numpy(a) for a in (w_np, x_np, nw_np))
+    out = sg_device.zeros((n,))
+    fused = library.rms_norm_matvec_op(out.mut(), x, nw, w, 1e-5)
+    assert fused.shmem == 0 and library.matvec_op(out.mut(), x, w).shmem == 4 * k
+    sg_stream.run(fused)
+    x64 = x_np.astype(np.float64)
+    normed = x64 / np.sqrt(np.mean(x64 * x64) + 1e-5) * nw_np
+    want = w_np.astype(np.float64) @ normed
+    assert np.linalg.norm(out.numpy() - want) / np.linalg.norm(want) < 1e-5
+
+
 def test_matvec_ops_take_the_narrow_build_for_narrow_rows() -> None:
     dev = sg.device("host")
     for k, narrow in ((512, True), (516, False), (2048, False), (37, True)):

@@ -151,7 +151,7 @@ extern "C" __global__ void waits_in_a_comment(float* out, int n) {
 def ptx_of(kernel: sg.Kernel[Any]) -> str:
     """The PTX the check reads, compiled the way compile_kernel compiles."""
     options, _ = compile_module._cache_key(kernel, "sm_90")
-    program: Any = cuda.core.Program(kernel.source, "c++", options)
+    program: Any = cuda.core.Program(compile_module.program_source(kernel), "c++", options)
     program.compile("cubin", name_expressions=(kernel.name_expression,))
     return compile_module._ptx(kernel, options, program)
 
@@ -215,6 +215,25 @@ def test_a_kernel_waiting_through_cudaGridDependencySynchronize_passes() -> None
     kernel = declare(RUNTIME_API, "runtime_wait", include_path=headers)
     assert "griddepcontrol.wait" in ptx_of(kernel)
     accepted(kernel)
+
+
+def test_cudaGridDependencySynchronize_needs_no_include() -> None:
+    """DESIGN section 7 names cudaGridDependencySynchronize() as a way to wait, but NVRTC declares
+    it (and cudaTriggerProgrammaticLaunchCompletion) only through the CUDA runtime headers, which
+    a GPU machine may not have: a source that includes nothing gets scopegraph's definitions,
+    and NVRTC's line numbers stay those of the source."""
+    wait = "    cudaGridDependencySynchronize();"
+    source = RUNTIME_API.replace("#include <cuda_device_runtime_api.h>\n", "")
+    source = source.replace(wait, "    cudaTriggerProgrammaticLaunchCompletion();\n" + wait)
+    kernel = declare(source, "runtime_wait")
+    ptx = ptx_of(kernel)
+    assert "griddepcontrol.wait" in ptx and "griddepcontrol.launch_dependents" in ptx
+    accepted(kernel)
+    for arch in ("sm_80", "sm_90"):  # no programmatic edges below sm_90: nothing to emit there
+        compile_kernel(kernel, arch)
+    broken = declare(source.replace("out[i] += 1.0f;", "out[i] += undeclared;"), "runtime_wait")
+    with pytest.raises(sg.CompileError, match=r"\(6\): error: identifier \"undeclared\" is undefined"):
+        compile_kernel(broken, "sm_90")
 
 
 def test_a_kernel_waiting_inside_a_noinline_device_function_passes() -> None:

@@ -46,6 +46,7 @@ from cuda.core import Stream as CoreStream
 from cuda.core.graph import GraphDefinition
 from cuda.core.utils import StridedMemoryView
 
+from .._borrow import Borrow
 from .._capture import Captured, check_body_graph
 from .._compile import compile_kernel
 from .._control import ControlNode, If, While, levels, sg_condition
@@ -375,6 +376,9 @@ class CudaBackend:
         self._deferred: collections.deque[tuple[object, set[object], bool]] = collections.deque()
         self._deferring: dict[int, int] = {}  # thread id (or EVERY_THREAD) -> captures open on it
         self._deferring_lock = threading.Lock()
+        # The streams DLPack consumers named, one cuda.core Stream per handle: each is a user of the
+        # memory it was given (see dlpack), and a set of users must not grow with every export.
+        self._consumers: dict[int, CoreStream] = {}
 
     def make_current(self) -> None:
         """Make this device's primary context current on the calling thread. Always switches:
@@ -798,9 +802,15 @@ class CudaBackend:
             setup.sync()
             options = {**options, "copy": None}
         if stream is not None and stream != -1:
-            consumer = CoreStream.from_handle(stream)
+            consumer = self._consumers.get(stream)
+            if consumer is None:
+                consumer = self._consumers.setdefault(stream, CoreStream.from_handle(stream))
             for user in self._users_of(tensor.allocation):
                 self.wait_stream(consumer, user)
+            # The consumer reads (and may write) the memory on its stream from now on: its work so
+            # far comes before the memory is freed or reused, and before the next replay of a graph
+            # that uses it, as eager work on a stream of scopegraph's does.
+            note_eager_use([Borrow(tensor, True, "DLPack export")], consumer, self)
         elif stream is None:
             self.core.sync()  # DLPack's None: the consumer gives no stream, so the data must be complete
         # cuda.core would drop the read-only flag from an unversioned capsule: Tensor.__dlpack__
