@@ -163,7 +163,7 @@ class Captured(GraphNode):
             )
         self.label_name = name
         self.where = where
-        what = f"capture:{name}"  # the op's label: messages put it in backticks
+        what = f"capture:{name}"  # the op's label, as graph.nodes and DOT pictures show it
         lists = "reads= and writes= take lists of tensors"
         written = _listed(writes, "writes", what, lists, "writes=[c.mut()]")
         read = _listed(reads, "reads", what, lists, "reads=[a, b], or leave reads= out")

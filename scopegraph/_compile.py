@@ -254,11 +254,21 @@ def _options(kernel: Kernel[Any], arch: str) -> tuple[ProgramOptions, bytes | No
     return options, extra
 
 
+@functools.cache
+def _field_types(fields: type) -> dict[str, Any]:
+    """ProgramOptions' field types, evaluated once; none where this cuda.core's annotations cannot
+    be evaluated (then NVRTC is left to judge the values, as before)."""
+    try:
+        return typing.get_type_hints(fields)
+    except Exception:
+        return {}
+
+
 def _check_option_types(kernel: Kernel[Any], given: dict[str, Any], fields: type) -> None:
     """Each option's value is of a type its ProgramOptions field takes (its outer type: a list's
     items are left to NVRTC): ProgramOptions keeps any value, and NVRTC then refuses the one it
     cannot read as a compile error of the source, and only on a GPU."""
-    hints = typing.get_type_hints(fields)
+    hints = _field_types(fields)
     for name, value in given.items():
         if value is None or name not in hints:  # an unknown name: ProgramOptions refuses it
             continue
@@ -291,6 +301,20 @@ def check_options(kernel: Kernel[Any]) -> None:
 # as a way to wait: a source that calls one and includes nothing gets these definitions (the
 # instructions the headers' own emit; none below sm_90, which has no programmatic edges), and
 # `#line 1` keeps NVRTC's line numbers those of the user's source.
+# Comments and string or character literals (blanked), then preprocessor lines (dropped): what is
+# left are the declarations and code that the source-reading checks read.
+_NOT_CODE = re.compile(r"//[^\n]*|/\*.*?\*/|\"(?:\\.|[^\"\\\n])*\"|'(?:\\.|[^'\\\n])*'", re.S)
+_PREPROCESSOR = re.compile(r"^[ \t]*#[^\n]*", re.M)
+
+
+@functools.lru_cache(maxsize=16)
+def code_only(source: str) -> str:
+    """``source`` without comments, string and character literals, and preprocessor lines."""
+    return _PREPROCESSOR.sub(" ", _NOT_CODE.sub(" ", source))
+
+
+_PDL_DEFINED = re.compile(r"\bvoid\s+(?:cudaGridDependencySynchronize|cudaTriggerProgrammaticLaunchCompletion)\s*\(")
+_AN_INCLUDE = re.compile(r"^[ \t]*#[ \t]*include\b", re.M)
 _PDL_CALLS = re.compile(r"\b(?:cudaGridDependencySynchronize|cudaTriggerProgrammaticLaunchCompletion)\s*\(")
 _PDL_PRELUDE = """#if __CUDA_ARCH__ >= 900
 #define SG_PDL_ASM(instruction) asm volatile(instruction ::: "memory")
@@ -307,9 +331,12 @@ static __device__ __forceinline__ void cudaTriggerProgrammaticLaunchCompletion()
 
 
 def program_source(kernel: Kernel[Any]) -> str:
-    """The source NVRTC compiles for ``kernel``: its own, after _PDL_PRELUDE where it needs that."""
+    """The source NVRTC compiles for ``kernel``: its own, after _PDL_PRELUDE where it calls the two
+    and neither includes nor defines anything that could declare them."""
     source = kernel.source
-    if "#include" in source or dict(kernel.options).get("pre_include") or not _PDL_CALLS.search(source):
+    if dict(kernel.options).get("pre_include") or not _PDL_CALLS.search(source):
+        return source
+    if _PDL_DEFINED.search(code_only(source)) or _AN_INCLUDE.search(_NOT_CODE.sub(" ", source)):
         return source
     return _PDL_PRELUDE + source
 

@@ -146,7 +146,7 @@ class Body:
         self.flag = flag
         self._where = where
         self._nodes: list[RecordedNode] = []
-        self._edge_kinds = EdgeKinds()
+        self._edge_kinds = EdgeKinds(root.order)
         self._tracker = ORDERS[root.order](self._add_join)
         self._open = True
         self._inner: Block[object] | Region | None = None
@@ -251,6 +251,7 @@ class Body:
     def _close(self, loop: bool) -> None:
         self._open = False
         self._root = None
+        self._edge_kinds.full.clear()  # the body is recorded: its node indices are of no use now
         if loop:
             # A read of `flag` after everything recorded: the tracker names its last writers.
             self.condition_deps = self._tracker.add([Borrow(self.flag, False, "flag")])

@@ -173,6 +173,7 @@ class CudaGraph:
         while a replay still runs: the memory is released after it (see ``_lifetime``)."""
         with self._lock:
             exe, self._exec = self._exec, None
+            self._last_launch = self._stream  # not another library's stream, kept alive
             if exe is not None:
                 self._unpin()
                 self._nodes = ()
@@ -303,16 +304,18 @@ class CudaGraph:
         ordering the tracker found. The CUDA graph itself leaves out the edges that others imply
         (a node waiting for two nodes of one chain waits for the later one only; see
         ``scopegraph._tracker.without_implied``), which orders the same work."""
-        return [(d, n.index) for n in self.nodes for d in sorted(n.deps)]
+        with self._lock:  # a recording into the graph (into=) meanwhile replaces its nodes
+            return [(d, n.index) for n in self.nodes for d in sorted(n.deps)]
 
     @property
     def programmatic_edges(self) -> list[tuple[int, int]]:
         """The edges that are programmatic (a subset of ``edges``; those the CUDA graph keeps are
         programmatic there): between PDL kernels, on a GPU of sm_90 or later; empty on the host
         backend, below sm_90 and for ``CudaGraph.scope(stream, pdl=False)`` (see ``scopegraph._pdl``)."""
-        if not self.executable.pdl:
-            return []
-        return [(d, n.index) for n in self.nodes for d in sorted(n.programmatic)]
+        with self._lock:
+            if not self.executable.pdl:
+                return []
+            return [(d, n.index) for n in self.nodes for d in sorted(n.programmatic)]
 
     def __repr__(self) -> str:
         state = "closed" if self._exec is None else f"{len(self._nodes)} nodes"

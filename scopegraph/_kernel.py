@@ -14,7 +14,6 @@ and typed scalars for cuda.core's ``launch``) and the host backend (numpy views 
 from __future__ import annotations
 
 import ast
-import functools
 import inspect
 import re
 import weakref
@@ -25,7 +24,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Generic, ParamSpec, TypeVar, g
 import numpy as np
 
 from ._borrow import Borrow
-from ._compile import check_options
+from ._compile import check_options, code_only
 from ._dtypes import DType, as_dtype, dtype_of_annotation
 from ._errors import SignatureError, diagnostic
 from ._ops import GraphNode, borrowed_tensor
@@ -573,17 +572,8 @@ class Launcher(Generic[P, Name]):
         return f"{self.kernel.name_expression}[{self.grid}, {self.block}]"
 
 
-# Comments and string or character literals (blanked), then preprocessor lines (dropped), so that
-# only declarations and code are left for declared_template to read.
-_NOT_CODE = re.compile(r"//[^\n]*|/\*.*?\*/|\"(?:\\.|[^\"\\\n])*\"|'(?:\\.|[^'\\\n])*'", re.S)
-_PREPROCESSOR = re.compile(r"^[ \t]*#[^\n]*", re.M)
 _GLOBAL = re.compile(r"\b__global__\b")
 _TEMPLATE = re.compile(r"\btemplate\s*<")
-
-
-@functools.lru_cache(maxsize=16)
-def _code(source: str) -> str:
-    return _PREPROCESSOR.sub(" ", _NOT_CODE.sub(" ", source))
 
 
 def declared_template(source: str, cpp_name: str) -> str | None:
@@ -598,7 +588,7 @@ def declared_template(source: str, cpp_name: str) -> str | None:
 def declared_templates(source: str, cpp_name: str) -> list[str | None]:
     """The template parameter list of each ``__global__`` declaration of ``cpp_name`` that
     ``source`` spells out, in order (None for one that is no template)."""
-    code = _code(source)
+    code = code_only(source)
     found: list[str | None] = []
     for call in re.finditer(rf"\b{re.escape(cpp_name)}\s*\(", code):
         # The declaration starts after the previous statement, block or brace.
@@ -631,6 +621,9 @@ def _check_template_count(kernel: Kernel[Any], given: int) -> None:
         return
     (declared,) = declarations
     if declared is None:
+        c_linkage = re.search(rf'\bextern\s+"C"[^;{{}}]*\b{re.escape(kernel.cpp_name)}\s*\(', kernel.source)
+        if not c_linkage and _TEMPLATE.search(code_only(kernel.source)):
+            return  # a template somewhere: braces in its parameters (`int N = int{2}`) hide it from the scan
         raise SignatureError(
             diagnostic(
                 f"`{kernel.cpp_name}` is not a C++ template kernel, and generics() got {given} template "

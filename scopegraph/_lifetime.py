@@ -29,7 +29,7 @@ import bisect
 import itertools
 import threading
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -229,23 +229,39 @@ def repin(pin: Pin, borrows: Iterable[Borrow]) -> None:
     holdings_changed()
 
 
-def note_eager_use(borrows: Iterable[Borrow], native_stream: object, backend: Backend) -> None:
+NO_PINS: tuple[Pin, ...] = ()
+
+
+def note_eager_use(borrows: Iterable[Borrow], native_stream: object, backend: Backend) -> Sequence[Pin]:
     """Eager work is about to be enqueued on ``native_stream``: it waits for the last replay of
     every graph that pins its memory (launched on another stream, the replay may still read or
-    write it), and the memory's release, and the next replay of those graphs, wait for it."""
+    write it), and the memory's release waits for it. Returns those graphs' pins: once the work
+    is enqueued, ``queued_on`` makes their next replay wait for it too."""
+    pinned: list[Pin] | None = None
     for b in borrows:
         alloc = b.alloc
         alloc.users.add(native_stream)
         if alloc.pins or alloc.closed_replays or len(alloc.region.members) > 1:
             for a in alloc.aliases():
                 for pin in list(a.pins.values()):  # a copy: other threads record and build meanwhile
-                    with PENDING:
-                        pin.pending.add(native_stream)
+                    if pinned is None:
+                        pinned = []
+                    pinned.append(pin)
                     caught = pin.caught_up  # before last_stream: a replay meanwhile replaces the set
                     _after_replay(native_stream, pin.last_stream, caught, backend)
                 if a.closed_replays:
                     for last, caught in a.closed_replays.items():
                         _after_replay(native_stream, last, caught, backend)
+    return NO_PINS if pinned is None else pinned
+
+
+def queued_on(pins: Sequence[Pin], native_stream: object) -> None:
+    """Eager work on the memory of ``pins`` is now enqueued on ``native_stream``: the next replay of
+    each waits for it. After the enqueue, not before: a replay (on another thread) that took the
+    pending streams in between would wait for nothing, and the replay after it not at all."""
+    with PENDING:
+        for pin in pins:
+            pin.pending.add(native_stream)
 
 
 def _after_replay(native_stream: object, last: object, caught: set[object], backend: Backend) -> None:

@@ -46,10 +46,14 @@ class EdgeKinds:
     every edge out of which is full (anything but a launch of a ``pdl=True`` kernel), so a chain
     of PDL kernels costs one set test per op however many predecessors it has."""
 
-    __slots__ = ("full",)
+    __slots__ = ("chained", "full")
 
-    def __init__(self) -> None:
+    def __init__(self, order: str) -> None:
         self.full: set[int] = set()
+        # In program order an op's one predecessor is the op recorded before it, not the writer of
+        # what it loads before its wait, which may be any earlier node: such an op gets full edges
+        # (its predecessor has then finished, and so has everything before it).
+        self.chained = order == "program"
 
     def of(self, op: GraphNode, deps: frozenset[int], nodes: Sequence[RecordedNode]) -> frozenset[int]:
         """The subset of ``deps`` (indices into ``nodes``) whose edges into ``op``, recorded as node
@@ -61,6 +65,8 @@ class EdgeKinds:
         full = self.full
         if not early and full.isdisjoint(deps):
             return deps  # every edge (the common case in a chain of PDL kernels): no new set
+        if early and self.chained:
+            return NONE
         chosen = [d for d in deps if d not in full and not (early and early_load_of(op, nodes[d].op) is not None)]
         if len(chosen) == len(deps):
             return deps
@@ -162,6 +168,8 @@ def _rebind_error(
                 if programmatic
                 else f"node {index} may start while node {d} runs: every path from {d} ends in programmatic edges",
                 f"`{early.param}` is read before griddepcontrol.wait (reads_before_wait)",
+                "checked on every backend: the host and GPUs below sm_90 make no edge programmatic, "
+                "but what they accept must run on an sm_90 GPU",
             ],
             help="record the graph again with the new tensors (or with CudaGraph.scope(stream, pdl=False))",
         )

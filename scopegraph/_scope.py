@@ -113,8 +113,13 @@ class _Superseded(RecordedNode):
 
 
 def supersede(nodes: Sequence[RecordedNode]) -> None:
-    """The handles of a recording that a graph no longer runs (see _Superseded)."""
-    for node in nodes:
+    """The handles of a recording that a graph no longer runs (see _Superseded), those of its loop
+    and branch bodies included."""
+    todo = list(nodes)
+    while todo:
+        node = todo.pop()
+        for body in getattr(node.op, "bodies", ()):  # a loop or branch (scopegraph._control)
+            todo.extend(body.nodes)
         node.__class__ = _Superseded
 
 
@@ -154,7 +159,7 @@ class Scope:
         self.pdl = True
         self.opened_at = opened_at
         self._nodes: list[RecordedNode] = []
-        self._edge_kinds = EdgeKinds()
+        self._edge_kinds = EdgeKinds(order)
         # Dropped when the scope ends: its join callback refers back to the scope.
         self._tracker: DataflowTracker | ProgramOrderTracker | None = tracker(self._add_join)
         self._pin = Pin(f"the open scope at {opened_at}", recording=True)
@@ -321,11 +326,13 @@ class Scope:
         self._state = _State.DONE
         self._nodes = []
         self._tracker = None
+        self._edge_kinds.full.clear()  # the recording is over: its node indices are of no use now
 
     def _abandon(self) -> None:
         self._pin.release()
         self._nodes = []
         self._tracker = None
+        self._edge_kinds.full.clear()  # the recording is over: its node indices are of no use now
         self._state = _State.FAILED
 
 

@@ -7,6 +7,8 @@ one scope records from one thread; a stream that a scope records on refuses eage
 from __future__ import annotations
 
 import itertools
+import numbers
+import threading
 import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -27,14 +29,19 @@ _stream_ids = itertools.count(1)
 device_lookup: Callable[[Device | str], Device] | None = None
 
 
-# The Stream of each CUDA stream, by the stream's handle: wrapping one twice (dev.stream().native,
+# The Stream of each CUDA stream, by device and handle: wrapping one twice (dev.stream().native,
 # or a torch stream, passed to from_handle) gives the same Stream, so a scope recording on it
-# refuses eager work through every wrapper.
-_by_handle: weakref.WeakValueDictionary[int, Stream] = weakref.WeakValueDictionary()
+# refuses eager work through every wrapper. Handles 0, 1 and 2 name no one stream (the legacy
+# default stream of the current context, and the per-thread default stream): they get a Stream
+# per wrapping, as before.
+_by_handle: weakref.WeakValueDictionary[tuple[int, int], Stream] = weakref.WeakValueDictionary()
+_by_handle_lock = threading.RLock()  # Stream() registers itself under it too
+_SHARED_HANDLES = (0, 1, 2)
 
 
-def _handle(native: object) -> int:
-    return int(native.__cuda_stream__()[1])  # type: ignore[attr-defined]
+def _key(device: Device, native: object) -> tuple[int, int] | None:
+    handle = int(native.__cuda_stream__()[1])  # type: ignore[attr-defined]
+    return None if handle in _SHARED_HANDLES else (device.index, handle)
 
 
 class Stream:
@@ -51,8 +58,10 @@ class Stream:
         self.id = next(_stream_ids)
         # What was last submitted here (an op's name, or a graph's id), named if the GPU faults later.
         self.last_work: str | int = ""
-        if native is not None:
-            _by_handle[_handle(native)] = self
+        key = None if native is None else _key(device, native)
+        if key is not None:
+            with _by_handle_lock:
+                _by_handle.setdefault(key, self)
 
     def __repr__(self) -> str:
         return f"<Stream #{self.id} on {self.device}>"
@@ -134,8 +143,14 @@ class Stream:
                     "help: leave device= out (it is found from the stream)"
                 )
             dev = get_device(f"cuda:{index}")
-        known = _by_handle.get(_handle(native))
-        return known if known is not None else Stream(dev, native)
+        key = _key(dev, native)
+        if key is None:
+            return Stream(dev, native)
+        with _by_handle_lock:  # one Stream, also when two threads wrap the stream at once
+            known = _by_handle.get(key)
+            if known is None:
+                known = _by_handle[key] = Stream(dev, native)
+        return known
 
 
 def _check_protocol(obj: Any) -> None:
@@ -143,7 +158,11 @@ def _check_protocol(obj: Any) -> None:
     would refuse anything else with a RuntimeError (or crash on a handle that is no stream)."""
     try:
         answer = obj.__cuda_stream__()
-        fits = isinstance(answer, (tuple, list)) and len(answer) == 2 and all(isinstance(v, int) for v in answer)
+        fits = (
+            isinstance(answer, (tuple, list))
+            and len(answer) == 2
+            and all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in answer)
+        )
     except Exception as exc:  # the other library's own error: reported, not passed on
         answer, fits = f"an error ({type(exc).__name__}: {exc})", False
     if not fits:

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import gc
-import threading
 import types
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -178,29 +176,24 @@ def test_graphs_that_share_written_memory_follow_each_others_replays() -> None:
     assert ("h", "g") in waits
 
 
-def test_eager_work_noted_while_a_replay_takes_the_pending_streams_is_not_lost() -> None:
-    """Another thread's eager work on a graph's memory, noted while a replay is taking the streams
-    the replay must wait for, is waited for by the next replay: the note and the take do not
-    interleave (a note between the take's copy and its clear was lost)."""
-    from scopegraph._lifetime import note_eager_use, order_replay
+def test_a_replay_between_eager_works_note_and_its_enqueue_does_not_use_up_the_wait() -> None:
+    """Eager work on another thread (stream S2) is noted, then a replay on S1 takes the streams it
+    must wait for, then the eager work is enqueued: the replay after it must wait for S2. Noting
+    S2 as pending before the enqueue let the first replay use it up (a wait for nothing yet
+    queued), and the next replay waited for nothing at all."""
+    from scopegraph._lifetime import note_eager_use, order_replay, queued_on
 
     dev = sg.device("host")
-    stream = dev.stream()
     x = dev.zeros((8,), name="x")
-    with CudaGraph.scope(stream) as s:
+    with CudaGraph.scope(dev.stream()) as s:
         s.record(sg.memset(x.mut(), 1.0))
     pin = s.graph._pin
-    backend: Any = types.SimpleNamespace(wait_stream=lambda stream, last: None)
-    noted = threading.Thread(target=note_eager_use, args=(sg.memset(x.mut(), 2.0).borrows, "eager", backend))
-
-    class _NotedWhileTaken(set[object]):
-        def __iter__(self) -> Iterator[object]:
-            yield from list(super().__iter__())
-            noted.start()  # the other thread notes its work once the replay has read the set
-            noted.join(timeout=0.2)  # at once, unless the note must wait for the take to end
-
-    pin.pending = _NotedWhileTaken({"earlier"})
-    order_replay(pin, "replay", backend)
-    noted.join()
-    assert pin.pending == {"eager"}
+    waits: list[tuple[str, str]] = []
+    backend: Any = types.SimpleNamespace(wait_stream=lambda stream, last: waits.append((stream, last)))
+    pins = note_eager_use(sg.memset(x.mut(), 2.0).borrows, "S2", backend)  # thread B, about to enqueue
+    order_replay(pin, "S1", backend)  # thread A's replay meanwhile: nothing of S2 queued yet
+    queued_on(pins, "S2")  # thread B's work is enqueued
+    waits.clear()
+    order_replay(pin, "S1", backend)  # thread A's next replay
+    assert waits == [("S1", "S2")]
     s.graph.close()

@@ -269,6 +269,9 @@ def test_generics_takes_as_many_arguments_as_the_template_declares() -> None:
         ),
     ):
         assert sg.kernel(source, name="tc")(tk.__wrapped__).generics(*given).template_args == tuple(map(str, given))
+    # A template whose parameter list holds braces is still one (the scan misses its `template <`).
+    braced = "template <int N = int{2}> __global__ void tb(float* out) { out[0] = N; }"
+    assert sg.kernel(braced, name="tb")(tk.__wrapped__).generics(3).template_args == ("3",)
     # A kernel that is no template at all (NVRTC refuses `add<3>`; the host ran it).
     with pytest.raises(SignatureError, match=r"`add` is not a C\+\+ template kernel.*\n.*\nhelp: launch it as it is"):
         library.add.generics(3)

@@ -234,6 +234,11 @@ def test_cudaGridDependencySynchronize_needs_no_include() -> None:
     broken = declare(source.replace("out[i] += 1.0f;", "out[i] += undeclared;"), "runtime_wait")
     with pytest.raises(sg.CompileError, match=r"\(6\): error: identifier \"undeclared\" is undefined"):
         compile_kernel(broken, "sm_90")
+    # A source that defines them itself (the usual NVRTC workaround) gets no second definition; an
+    # include in a comment is no include.
+    own = 'static __device__ void cudaGridDependencySynchronize() { asm volatile("griddepcontrol.wait;"); }'
+    accepted(declare(own + "\n" + source.replace("cudaTriggerProgrammaticLaunchCompletion();", ""), "runtime_wait"))
+    accepted(declare("// #include <cuda_device_runtime_api.h> is not needed\n" + source, "runtime_wait"))
 
 
 def test_a_kernel_waiting_inside_a_noinline_device_function_passes() -> None:

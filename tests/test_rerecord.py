@@ -244,3 +244,23 @@ def test_bench_update_suite_runs_on_the_host(tmp_path: Path) -> None:
     assert all(v > 0 for v in result["per_iteration_s"].values())
     table = (tmp_path / "bench.txt").read_text()
     assert "changing one kernel's argument every iteration" in table and "node update" in table
+
+
+def test_body_handles_of_a_replaced_recording_fail_clearly_too(sg_device: sg.Device, sg_stream: sg.Stream) -> None:
+    """Only the top-level handles were superseded: a loop body's kept showing its old op."""
+    flag, y = sg_device.zeros((1,), sg.i32, name="flag"), sg_device.zeros((N,), name="y")
+
+    def program(s: sg.Scope) -> sg.RecordedNode:
+        with s.while_(flag, max_iterations=4) as body:
+            node = body.record(library.add_scalar_op(y.mut(), 1.0))
+            body.record(library.count_down_op(flag.mut()))
+        return node
+
+    with CudaGraph.scope(sg_stream) as s:
+        kept = program(s)
+    graph = s.graph
+    with CudaGraph.scope(sg_stream, into=graph) as s2:
+        program(s2)
+    with pytest.raises(sg.LifetimeError, match="names a node of a recording that was replaced"):
+        assert kept.op is None
+    graph.close()

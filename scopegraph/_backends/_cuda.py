@@ -46,13 +46,12 @@ from cuda.core import Stream as CoreStream
 from cuda.core.graph import GraphDefinition
 from cuda.core.utils import StridedMemoryView
 
-from .._borrow import Borrow
 from .._capture import Captured, check_body_graph
 from .._compile import compile_kernel
 from .._control import ControlNode, If, While, levels, sg_condition
 from .._errors import CudaError, LaunchResourceError, ScopeGraphError, diagnostic
 from .._kernel import MAX_DYNAMIC_SHARED_BYTES, Kernel, KernelLaunch
-from .._lifetime import note_eager_use
+from .._lifetime import NO_PINS, note_eager_use, queued_on
 from .._ops import GraphNode, Join, Memcpy, Memset, dup, unknown_kind
 from .._pdl import executable_deps
 from .._tensor import Tensor
@@ -376,9 +375,6 @@ class CudaBackend:
         self._deferred: collections.deque[tuple[object, set[object], bool]] = collections.deque()
         self._deferring: dict[int, int] = {}  # thread id (or EVERY_THREAD) -> captures open on it
         self._deferring_lock = threading.Lock()
-        # The streams DLPack consumers named, one cuda.core Stream per handle: each is a user of the
-        # memory it was given (see dlpack), and a set of users must not grow with every export.
-        self._consumers: dict[int, CoreStream] = {}
 
     def make_current(self) -> None:
         """Make this device's primary context current on the calling thread. Always switches:
@@ -602,48 +598,53 @@ class CudaBackend:
     def run(self, op: GraphNode, stream: Stream) -> None:
         self.keep_current()
         native_stream = stream.native
-        if op.borrows:
-            note_eager_use(op.borrows, native_stream, self)
+        pins = note_eager_use(op.borrows, native_stream, self) if op.borrows else NO_PINS
         stream.last_work = name = op.name
         self.last_work = (name, stream)
-        if isinstance(op, Captured):  # a collective (scopegraph._collectives); regions never run eagerly
-            op.run_cuda(self, native_stream)
-            return
-        try:
-            if type(op) is KernelLaunch:
-                fn, config, args = op.native or self.bound(op)
-                launch(native_stream, config, fn, *args)  # type: ignore[arg-type]
-            # Copies and fills through the driver with raw addresses: cuda.core 1.2 copies and fills
-            # only between Buffer objects, and two Buffer wrappers per eager call cost more than the
-            # copy's own launch. note_eager_use above keeps the memory alive for the queued work.
-            elif isinstance(op, Memcpy):
-                dst, src = op.dst, op.src
-                if dst.nbytes:
-                    (err,) = driver.cuMemcpyAsync(
-                        dst.allocation.address + dst.offset,
-                        src.allocation.address + src.offset,
-                        dst.nbytes,
-                        native_stream.handle,  # type: ignore[attr-defined]
-                    )
-                    if err != _SUCCESS:
-                        raise RuntimeError(f"cuMemcpyAsync: {err.name}")
-            elif isinstance(op, Memset):
-                dst = op.dst
-                if dst.nbytes:
-                    pattern = op.pattern  # 1, 2 or 4 bytes (Memset refuses anything else)
-                    width = len(pattern)
-                    (err,) = _MEMSET[width](
-                        dst.allocation.address + dst.offset,
-                        int.from_bytes(pattern, "little"),
-                        dst.nbytes // width,
-                        native_stream.handle,  # type: ignore[attr-defined]
-                    )
-                    if err != _SUCCESS:
-                        raise RuntimeError(f"cuMemsetD{8 * width}Async: {err.name}")
-        except CudaError:
-            raise
-        except Exception as exc:
-            raise cuda_error(f"running `{op.name}` on stream #{stream.id}", exc, describe_work(self.last_work)) from exc
+        try:  # the next replays of the graphs that pin the memory wait for this work, once enqueued
+            if isinstance(op, Captured):  # a collective (scopegraph._collectives); regions never run eagerly
+                op.run_cuda(self, native_stream)
+                return
+            try:
+                if type(op) is KernelLaunch:
+                    fn, config, args = op.native or self.bound(op)
+                    launch(native_stream, config, fn, *args)  # type: ignore[arg-type]
+                # Copies and fills through the driver with raw addresses: cuda.core 1.2 copies and fills
+                # only between Buffer objects, and two Buffer wrappers per eager call cost more than the
+                # copy's own launch. note_eager_use above keeps the memory alive for the queued work.
+                elif isinstance(op, Memcpy):
+                    dst, src = op.dst, op.src
+                    if dst.nbytes:
+                        (err,) = driver.cuMemcpyAsync(
+                            dst.allocation.address + dst.offset,
+                            src.allocation.address + src.offset,
+                            dst.nbytes,
+                            native_stream.handle,  # type: ignore[attr-defined]
+                        )
+                        if err != _SUCCESS:
+                            raise RuntimeError(f"cuMemcpyAsync: {err.name}")
+                elif isinstance(op, Memset):
+                    dst = op.dst
+                    if dst.nbytes:
+                        pattern = op.pattern  # 1, 2 or 4 bytes (Memset refuses anything else)
+                        width = len(pattern)
+                        (err,) = _MEMSET[width](
+                            dst.allocation.address + dst.offset,
+                            int.from_bytes(pattern, "little"),
+                            dst.nbytes // width,
+                            native_stream.handle,  # type: ignore[attr-defined]
+                        )
+                        if err != _SUCCESS:
+                            raise RuntimeError(f"cuMemsetD{8 * width}Async: {err.name}")
+            except CudaError:
+                raise
+            except Exception as exc:
+                raise cuda_error(
+                    f"running `{op.name}` on stream #{stream.id}", exc, describe_work(self.last_work)
+                ) from exc
+        finally:
+            if pins:
+                queued_on(pins, native_stream)
 
     # -- graphs ---------------------------------------------------------------------------
 
@@ -802,15 +803,9 @@ class CudaBackend:
             setup.sync()
             options = {**options, "copy": None}
         if stream is not None and stream != -1:
-            consumer = self._consumers.get(stream)
-            if consumer is None:
-                consumer = self._consumers.setdefault(stream, CoreStream.from_handle(stream))
+            consumer = CoreStream.from_handle(stream)
             for user in self._users_of(tensor.allocation):
                 self.wait_stream(consumer, user)
-            # The consumer reads (and may write) the memory on its stream from now on: its work so
-            # far comes before the memory is freed or reused, and before the next replay of a graph
-            # that uses it, as eager work on a stream of scopegraph's does.
-            note_eager_use([Borrow(tensor, True, "DLPack export")], consumer, self)
         elif stream is None:
             self.core.sync()  # DLPack's None: the consumer gives no stream, so the data must be complete
         # cuda.core would drop the read-only flag from an unversioned capsule: Tensor.__dlpack__
