@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -400,19 +401,128 @@ def test_a_launch_environment_that_is_not_right_is_refused_with_its_help_line(
         assert err.splitlines()[1] == "help: the info command lists the GPUs here; or use --device host"
 
 
-def test_every_bench_suite_runs_on_the_host_and_gets_its_section(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """`bench --quick` with every suite (CI has no GPU: the figures mean nothing, the code paths do):
-    each suite's results in bench.json, and each numbered section in bench.txt."""
-    code, _, _ = run_main(["bench", "--quick", "--device", "host", "--out", str(tmp_path)], capsys)
-    assert code == 0
-    result = json.loads((tmp_path / "bench.json").read_text())
+@pytest.fixture(scope="module")
+def quick_bench(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`bench --quick` with every suite on the host (CI has no GPU: the figures mean nothing, the
+    code paths do), run once for the tests that read its bench.json and bench.txt."""
+    out = tmp_path_factory.mktemp("bench")
+    assert main(["bench", "--quick", "--device", "host", "--out", str(out)], prog="python -m scopegraph") == 0
+    return out
+
+
+def test_every_bench_suite_runs_on_the_host_and_gets_its_section(quick_bench: Path) -> None:
+    """Each suite's results in bench.json, and each numbered section in bench.txt."""
+    result = json.loads((quick_bench / "bench.json").read_text())
     assert set(SUITES) <= set(result)
-    table = (tmp_path / "bench.txt").read_text()
+    table = (quick_bench / "bench.txt").read_text()
     for section in ("## 1.", "## 2.", "## 2b.", "## 2c.", "## 3.", "## 4.", "## 5.", "## 6.", "## 7.", "## 8."):
         assert f"\n{section} " in table, section
     assert len(markdown_tables(table)) == 10  # one a section, each a Markdown table
+
+
+# A timed figure's key: seconds (``_s``: also tokens/s), microseconds per op or write, bytes per second.
+TIMED = re.compile(r"(_s|us_per_op|us_per_write|bandwidths?)$")
+RATES = re.compile(r"(tok_s|bandwidths?)$")  # higher is better: the best is the highest
+
+
+def figures_without_spread(tree: Any, path: str = "") -> tuple[list[str], int]:
+    """The timed figures in a bench.json tree that lack their best, median or spread (or whose best
+    is not the best), and how many timed figures there are. A figure is either an ``interleaved``
+    side (a dict with ``wall``: ``median`` and ``spread`` beside it, and ``submit``'s own when it
+    has one) or a key named by TIMED, a number or a dict of numbers, with ``KEY_best``,
+    ``KEY_median`` and ``KEY_spread`` of the same shape beside it."""
+    wrong: list[str] = []
+    count = 0
+    if isinstance(tree, list):
+        for i, item in enumerate(tree):
+            w, c = figures_without_spread(item, f"{path}[{i}]")
+            wrong, count = wrong + w, count + c
+        return wrong, count
+    if not isinstance(tree, dict):
+        return wrong, count
+    if "wall" in tree:
+        count += 1
+        need = ["median", "spread"] + (["submit_best", "submit_median", "submit_spread"] if "submit" in tree else [])
+        wrong += [f"{path}.{k}" for k in need if not isinstance(tree.get(k), float)]
+        if not wrong and not (tree["wall"] <= tree["median"] and tree["spread"] >= 0):
+            wrong.append(f"{path}: best {tree['wall']}, median {tree['median']}, spread {tree['spread']}")
+    for key, value in tree.items():
+        w, c = figures_without_spread(value, f"{path}.{key}")
+        wrong, count = wrong + w, count + c
+        if not TIMED.search(key) or isinstance(value, bool):
+            continue
+        count += 1
+        values = value if isinstance(value, dict) else {"": value}
+        parts = {k: tree.get(f"{key}_{k}") for k in ("best", "median", "spread")}
+        if not all(isinstance(v, dict) if isinstance(value, dict) else isinstance(v, float) for v in parts.values()):
+            wrong.append(f"{path}.{key}: " + ", ".join(f"{key}_{k}" for k, v in parts.items() if v is None))
+            continue
+        by_name: dict[str, Any] = {k: v if isinstance(value, dict) else {"": v} for k, v in parts.items()}
+        for name in values:
+            best, median, spread = (by_name[k].get(name) for k in ("best", "median", "spread"))
+            if best is None or median is None or spread is None:
+                wrong.append(f"{path}.{key}[{name}]: no best, median or spread")
+            elif not ((best >= median) if RATES.search(key) else (best <= median)) or spread < 0:
+                wrong.append(f"{path}.{key}[{name}]: best {best}, median {median}, spread {spread}")
+    return wrong, count
+
+
+def test_every_bench_figure_has_its_best_median_and_spread(quick_bench: Path) -> None:
+    """Issue 11: every figure of every suite, in bench.json, with its minimum (best), median and
+    spread over interleaved rounds; and in bench.txt, sections 3 to 8, as ``best (median, spread)``."""
+    result = json.loads((quick_bench / "bench.json").read_text())
+    for suite in SUITES:
+        wrong, count = figures_without_spread(result[suite], suite)
+        assert count > 0 and not wrong, (suite, wrong)
+    tables = markdown_tables((quick_bench / "bench.txt").read_text())
+    spread = re.compile(r"^-?[0-9.]+ \(-?[0-9.]+, [0-9.]+%\)$")
+    # Sections 3, 4, 5, 6, 7 and 8 (after 1, 2, 2b and 2c): which columns hold a timed figure.
+    timed_columns = [(1, 2), (1, 2), (1, 2, 4, 5), (2,), (3, 4, 7), (1, 2)]
+    for table, columns in zip(tables[4:], timed_columns, strict=True):
+        for row in table[1:]:
+            assert all(spread.match(row[c]) for c in columns), (table[0], row)
+
+
+def test_the_ceiling_gives_its_spread_and_an_older_record_reads_as_before() -> None:
+    """The read-only ceiling's line gives best (median, spread) of each bandwidth; a record from
+    before (single figures, no ``*_best``/``*_median``/``*_spread``) still makes the same tables."""
+    from scopegraph._cli.bench._timing import figure, figures, summary
+
+    env = {"device": "cuda:0", "torch": "not installed"}
+    times = {"read_only": [0.25e-3, 0.24e-3, 0.26e-3], "memcpy": [1e-3, 1e-3, 1.1e-3], "copy_kernel": [1e-3] * 3}
+    nbytes = {"read_only": 738e6, "memcpy": 2e9, "copy_kernel": 2e9}
+    per = {k: figure("bandwidths", summary(t), scale=nbytes[k], rate=True) for k, t in times.items()}
+    model: dict[str, Any] = {"d": 2048, "rows": [], "ceiling_bytes": 738e6} | figures("bandwidths", per)
+    assert model["bandwidths"]["read_only"] == model["bandwidths_best"]["read_only"] == 738e6 / 0.24e-3
+    line = next(x for x in format_table({"environment": env, "model": model}).splitlines() if "ceiling" in x)
+    assert ": 3075 (2952, 8.0%) GB/s = 4167 (4000, 8.0%) tokens/s at d=2048 x 22;" in line
+    assert "memcpy 2000 (2000, 10.0%) GB/s" in line and line.endswith("; best (median, spread) of interleaved rounds")
+
+    old_model = {"d": 2048, "rows": [], "ceiling_bytes": 738e6, "bandwidths": model["bandwidths"]}
+    per_iteration = {"no_graph": 1e-5, "recapture": 1e-5, "whole_update": 2e-5, "node_update": 3e-5, "rebind": 1e-5}
+    old_update = {
+        "kernels": 20,
+        "calls": 200,
+        "rounds": 7,
+        "agree": True,
+        "per_iteration_s": per_iteration,
+        "submit_s": dict.fromkeys(per_iteration, 1e-6),
+        "speedup_over_no_graph": dict.fromkeys(per_iteration, 1.0),
+        "ratios": dict.fromkeys(("whole_update/node_update", "recapture/whole_update", "rebind/node_update"), 1.0),
+    }
+    old = {
+        "environment": env,
+        "model": old_model,
+        "build": {"rows": [{"n": 10, "record_us_per_op": 5.0, "build_s": 1e-3}]},
+        "dataflow": {"rows": [{"chains": 1, "dataflow_s": 2e-3, "program_s": 3e-3, "speedup": 1.5}]},
+        "update": old_update,
+    }
+    text = format_table(old)
+    assert "(median" not in text and "cells: best" not in text and "interleaved rounds\n" not in text
+    assert "3075 GB/s = 4167 tokens/s at d=2048 x 22;" in text and "200 iterations, medians" in text
+    _, build, dataflow, update = markdown_tables(text)  # the model table has no rows here
+    assert build[1] == ["10", "5.00", "1.00", "-", "-"] and dataflow[1] == ["1", "2.000", "3.000", "1.50"]
+    assert update[4][:3] == ["node update (sg.Param)", "30.00", "1.00"]
 
 
 def test_the_demo_runs_the_seeds_model_by_default_on_a_gpu() -> None:

@@ -9,7 +9,9 @@ which costs a synchronisation per token.
 Both sides run the same kernels per token (the layer stack, then ``append_row``, which stores the
 token and moves the device-side counter on) and everything is inside the clock: the loop graph
 resets its counter itself, the K-launch side resets it with one memset before its K launches.
-Each row also records whether the two sides produced identical tokens.
+Each row also records whether the two sides produced identical tokens. The three ways run in
+interleaved rounds: each figure's best, median and spread; the plain figures (``loop_tok_s`` ...)
+and their ratios are the medians, as before.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import numpy as np
 
 from ... import CudaGraph, Device, Stream, While, memcpy, memset
 from ..seed_model import Config, DecodeBuffers, LayerStack
-from ._timing import time_calls
+from ._timing import Side, figure, interleaved, part
 
 TOKENS = (1, 16, 128)
 # The seed's size (bandwidth-bound), and a launch-bound size where launch overhead shows.
@@ -69,23 +71,19 @@ def run(dev: Device, quick: bool) -> dict[str, Any]:
             identical = bool(np.array_equal(in_one, buf.out.numpy()))
 
             calls = max(1, total // k)
-            t_loop = time_calls(loop.launch, loop.sync, calls)["wall"] / k
-            t_launches = time_calls(k_launches, one.sync, calls)["wall"] / k
-            t_host = time_calls(host_decides, one.sync, calls)["wall"] / k
-            rows.append(
-                {
-                    "d": d,
-                    "n_layers": n_layers,
-                    "k": k,
-                    "loop_tok_s": 1 / t_loop,
-                    "launches_tok_s": 1 / t_launches,
-                    "loop_over_launches": t_launches / t_loop,
-                    "identical": identical,
-                    "host_decides_tok_s": 1 / t_host,
-                    "loop_over_host_decides": t_host / t_loop,
-                    "body_nodes": len(body.body.nodes),
-                }
-            )
+            ways: dict[str, Side] = {
+                "loop": (loop.launch, loop.sync, calls),
+                "launches": (k_launches, one.sync, calls),
+                "host_decides": (host_decides, one.sync, calls),
+            }
+            # Interleaved rounds of one timing of `calls` calls each; the plain figures are the medians.
+            timed = interleaved(ways, rounds=5, inner=1)
+            row: dict[str, Any] = {"d": d, "n_layers": n_layers, "k": k, "identical": identical}
+            for way, timing in timed.items():
+                row |= figure(f"{way}_tok_s", part(timing), scale=k, rate=True, plain="median")
+            row["loop_over_launches"] = row["loop_tok_s"] / row["launches_tok_s"]
+            row["loop_over_host_decides"] = row["loop_tok_s"] / row["host_decides_tok_s"]
+            rows.append(row | {"body_nodes": len(body.body.nodes)})
             loop.close()
             one.close()
             for t in (buf.out, buf.position, buf.flag):

@@ -85,7 +85,7 @@ def _row(dev: Device, stream: Stream, x: Tensor, n: int, quick: bool) -> dict[st
         g.close()
     row: dict[str, Any] = {"n": n}
     for key, t in timed.items():
-        row[key] = {k: v / n if k != "spread" else v for k, v in t.items()} | {"per": "node"}
+        row[key] = {k: v if k.endswith("spread") else v / n for k, v in t.items()} | {"per": "node"}
     return row
 
 

@@ -11,7 +11,9 @@ Like for like:
 - ``torch.compile(mode="reduce-overhead")`` (fused kernels and CUDA graphs) is a column, for the
   22-layer rows (its compile time is too long for every row).
 - Every side is timed the same way, interleaved (``_timing.interleaved``): best of 5 round
-  medians, with the median and spread kept in the JSON.
+  medians, with the median and spread kept in the JSON (``timing``, and ``*_best``, ``*_median``,
+  ``*_spread`` beside every rate). The ceiling's three bandwidths are interleaved with each other,
+  over as many rounds as the rows.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any
 from ... import CudaGraph, Device, Mut, Stream, Tensor, i64, kernel, library, memcpy
 from ..seed_model import FORMS, Config, LayerStack
 from ._table import markdown
-from ._timing import Side, interleaved, num, ratio
+from ._timing import Side, cell, figure, figures, interleaved, num, part, ratio
 
 LAYERS = (1, 2, 4, 8, 22)
 # A launch-bound size (weights fit in L2), where graph replay's advantage shows in full.
@@ -67,30 +69,39 @@ def copy4(dst: Mut[Tensor], src: Tensor, n4: i64) -> None:
     """dst = src, 16 bytes per thread per step: the bandwidth a plain copy kernel reaches."""
 
 
-def _graph_seconds(dev: Device, op: Any, calls: int) -> float:
-    stream = dev.stream()
-    with CudaGraph.scope(stream) as s:
-        s.record(op)
-    with s.graph as g:
-        return interleaved({"g": (g.launch, stream.sync, calls)}, rounds=3)["g"]["wall"]
-
-
-def bandwidths(dev: Device, read_bytes: int, copy_bytes: int = 1 << 30) -> dict[str, float]:
-    """Bytes per second: a read-only streaming kernel over ``read_bytes`` (the model's weights), and
-    device-to-device copies (read + write) as a memcpy node and as a copy kernel."""
+def bandwidth_timing(
+    dev: Device, read_bytes: int, copy_bytes: int = 1 << 30, rounds: int = 5, inner: int = 3
+) -> tuple[dict[str, int], dict[str, dict[str, float]]]:
+    """A read-only streaming kernel over ``read_bytes`` (the model's weights), and device-to-device
+    copies (read + write) as a memcpy node and as a copy kernel, each a one-node graph, timed in
+    interleaved rounds: the bytes each moves, and ``interleaved``'s seconds a replay."""
     sms = dev.backend.core.properties.multiprocessor_count  # type: ignore[attr-defined]
     src = dev.empty((read_bytes // 4,), name="stream_src")
     out = dev.zeros((sms * 8,), name="stream_out")
-    result = {
-        "read_only": read_bytes / _graph_seconds(dev, read_only[sms * 8, 256](out.mut(), src, read_bytes // 16), 10)
-    }
-    src.free()
     a, b = dev.empty((copy_bytes // 4,), name="copy_a"), dev.empty((copy_bytes // 4,), name="copy_b")
-    result["memcpy"] = 2 * copy_bytes / _graph_seconds(dev, memcpy(b.mut(), a), 10)
-    result["copy_kernel"] = 2 * copy_bytes / _graph_seconds(dev, copy4[sms * 8, 256](b.mut(), a, copy_bytes // 16), 10)
-    for buf in (a, b, out):
+    ops = {
+        "read_only": read_only[sms * 8, 256](out.mut(), src, read_bytes // 16),
+        "memcpy": memcpy(b.mut(), a),
+        "copy_kernel": copy4[sms * 8, 256](b.mut(), a, copy_bytes // 16),
+    }
+    stream = dev.stream()
+    graphs = {}
+    for name, op in ops.items():
+        with CudaGraph.scope(stream) as s:
+            s.record(op)
+        graphs[name] = s.graph
+    timed = interleaved({name: (g.launch, stream.sync, 10) for name, g in graphs.items()}, rounds, inner)
+    for g in graphs.values():
+        g.close()
+    for buf in (src, out, a, b):
         buf.free()
-    return result
+    return {"read_only": read_bytes, "memcpy": 2 * copy_bytes, "copy_kernel": 2 * copy_bytes}, timed
+
+
+def bandwidths(dev: Device, read_bytes: int, copy_bytes: int = 1 << 30) -> dict[str, float]:
+    """Bytes per second, best of ``bandwidth_timing``'s rounds: read_only, memcpy, copy_kernel."""
+    nbytes, timed = bandwidth_timing(dev, read_bytes, copy_bytes)
+    return {name: nbytes[name] / t["wall"] for name, t in timed.items()}
 
 
 def record(model: LayerStack, form: str, pdl: bool = True) -> CudaGraph:
@@ -131,20 +142,23 @@ def run(dev: Device, quick: bool) -> dict[str, Any]:
             "weight_bytes": cfg.weight_bytes,
         }
         for key, t in timed.items():
-            row[f"{key}_tok_s"] = 1 / t["wall"]
+            row |= figure(f"{key}_tok_s", part(t), rate=True)
         row["graph_over_eager"] = timed["sg_eager"]["wall"] / timed["sg_graph"]["wall"]
-        row["graph_bandwidth"] = cfg.weight_bytes / timed["sg_graph"]["wall"]
+        row |= figure("graph_bandwidth", part(timed["sg_graph"]), scale=cfg.weight_bytes, rate=True)
         rows.append(row)
         for tensor in [*(w for lw in model.weights for w in (lw.norm_w, lw.wq, lw.wo)), model.hidden]:
             tensor.free()
     result: dict[str, Any] = {"d": seed_d, "rows": rows}
     if dev.is_cuda:
+        # The ceiling, sampled as the rows are: best (the plain figures), median and spread.
         big = Config(d=seed_d, n_layers=max(LAYERS))
-        bw = bandwidths(dev, big.weight_bytes)
-        result |= {"bandwidths": bw, "ceiling_bytes": big.weight_bytes}
+        nbytes, ceiling = bandwidth_timing(dev, big.weight_bytes, rounds=rounds, inner=inner)
+        per = {name: figure("bandwidths", part(t), scale=nbytes[name], rate=True) for name, t in ceiling.items()}
+        result |= figures("bandwidths", per) | {"ceiling_bytes": big.weight_bytes}
         for row in rows:
-            row["fraction_of_read_only"] = row["graph_bandwidth"] / bw["read_only"]
-            row["read_only_tok_s"] = bw["read_only"] / row["weight_bytes"]
+            row["fraction_of_read_only"] = row["graph_bandwidth"] / result["bandwidths"]["read_only"]
+            scale = big.weight_bytes / row["weight_bytes"]  # tokens a pass over the ceiling's bytes
+            row |= figure("read_only_tok_s", part(ceiling["read_only"]), scale=scale, rate=True)
     return result
 
 
@@ -222,12 +236,14 @@ def format_rows(m: dict[str, Any]) -> list[str]:
     ]
     if "bandwidths" in m:
         bw, nbytes = m["bandwidths"], m["ceiling_bytes"]
+        gb_s = {name: cell(m, "bandwidths", ".0f", 1e-9, name) for name in bw}
         lines += [
             "",
             f"ceiling: a read-only streaming kernel over {nbytes / 1e6:.0f} MB (the 22-layer weights): "
-            f"{bw['read_only'] / 1e9:.0f} GB/s = {bw['read_only'] / nbytes:.0f} tokens/s at d={m['d']} x 22; "
-            f"device-to-device copy (read + write): memcpy {bw['memcpy'] / 1e9:.0f} GB/s, "
-            f"copy kernel {bw['copy_kernel'] / 1e9:.0f} GB/s",
+            f"{gb_s['read_only']} GB/s = {cell(m, 'bandwidths', '.0f', 1 / nbytes, 'read_only')} tokens/s "
+            f"at d={m['d']} x 22; device-to-device copy (read + write): memcpy {gb_s['memcpy']} GB/s, "
+            f"copy kernel {gb_s['copy_kernel']} GB/s"
+            + ("; best (median, spread) of interleaved rounds" if "bandwidths_median" in m else ""),
         ]
     return lines
 

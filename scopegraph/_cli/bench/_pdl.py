@@ -23,7 +23,7 @@ from ..seed_model import FORMS, Config, LayerStack
 from ._chain import Chain
 from ._model import record
 from ._table import markdown
-from ._timing import interleaved
+from ._timing import figure, interleaved, part
 
 
 def run(dev: Device, quick: bool) -> dict[str, Any]:
@@ -88,16 +88,11 @@ def _edges(graph: CudaGraph) -> dict[str, int]:
 
 
 def _row(timed: dict[str, dict[str, float]], nbytes: int, identical: bool) -> dict[str, Any]:
-    on, off = timed["pdl_True"], timed["pdl_False"]
-    return {
-        "on_s": on["wall"],
-        "off_s": off["wall"],
-        "speedup": off["wall"] / on["wall"],
-        "on_bandwidth": nbytes / on["wall"],
-        "off_bandwidth": nbytes / off["wall"],
-        "identical": identical,
-        "timing": timed,
-    }
+    """Per side (on, off): seconds a replay and bytes per second, best (the plain figures), median and spread."""
+    row: dict[str, Any] = {}
+    for side, t in (("on", timed["pdl_True"]), ("off", timed["pdl_False"])):
+        row |= figure(f"{side}_s", part(t)) | figure(f"{side}_bandwidth", part(t), scale=nbytes, rate=True)
+    return row | {"speedup": row["off_s"] / row["on_s"], "identical": identical, "timing": timed}
 
 
 def format_rows(r: dict[str, Any]) -> list[str]:

@@ -11,7 +11,9 @@
   reader gets its own edge; about one when the readers meet in a join node), both amortised
   over all the writes (a join node's fan-in included) and for the last write alone.
 
-Both run on every backend: on the host the figures are the tracker's own cost.
+Both run on every backend: on the host the figures are the tracker's own cost. Every time is
+given as its best, median and spread over rounds (``_timing.interleaved_laps``; the memset and
+kernel ways alternate within a round); the plain keys are the best, as before.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ... import CudaGraph, Device, GraphNode, Tensor, library, memset
+from ._timing import figure, interleaved_laps, record_lap
 
 SIZES = (1000, 4000, 16000)
 QUICK_SIZES = (1000, 4000)
@@ -29,39 +32,26 @@ READERS = 2000
 WRITES, QUICK_WRITES = 256, 64
 
 
-def _record_rows(dev: Device, x: Tensor, make: Callable[[Tensor], GraphNode], rounds: int) -> dict[str, float]:
-    """Best of ``rounds``: record ``make(x[i])`` for every row i; seconds per op, build time, edges."""
-    stream = dev.stream()
-    n = x.shape[0]
-    best: dict[str, float] = {}
-    for _ in range(rounds):
-        with CudaGraph.scope(stream) as s:
-            t0 = time.perf_counter()
-            for i in range(n):
-                s.record(make(x[i]))
-            t1 = time.perf_counter()
-        t2 = time.perf_counter()
-        with s.graph as graph:
-            sample = {"record_s": (t1 - t0) / n, "build_s": t2 - t1}
-            best |= {k: min(v, best.get(k, v)) for k, v in sample.items()}
-            best |= {"edges": len(graph.edges), "nodes": len(graph.nodes)}
-    return best
-
-
 def partial_writes(dev: Device, n: int, rounds: int) -> dict[str, Any]:
+    """Record ``memset(x[i])`` (or ``fill_op(x[i])``) for every row i, the two ways in interleaved
+    rounds: microseconds per op and build time, and the edges the graph got."""
     x = dev.zeros((n, ROW), name="x")
-    by_memset = _record_rows(dev, x, lambda row: memset(row.mut(), 1.0), rounds)
-    by_kernel = _record_rows(dev, x, lambda row: library.fill_op(row.mut(), 1.0), rounds)
-    x.free()
-    return {
-        "n": n,
-        "memset_us_per_op": by_memset["record_s"] * 1e6,
-        "kernel_us_per_op": by_kernel["record_s"] * 1e6,
-        "memset_build_s": by_memset["build_s"],
-        "kernel_build_s": by_kernel["build_s"],
-        "edges": int(by_memset["edges"]),
-        "kernel_edges": int(by_kernel["edges"]),
+    stream = dev.stream()
+    edges: dict[str, int] = {}
+
+    def count(way: str) -> Callable[[CudaGraph], None]:
+        return lambda graph: edges.__setitem__(way, len(graph.edges))
+
+    makes: dict[str, Callable[[int], GraphNode]] = {
+        "memset": lambda i: memset(x[i].mut(), 1.0),
+        "kernel": lambda i: library.fill_op(x[i].mut(), 1.0),
     }
+    timed = interleaved_laps({w: record_lap(stream, n, make, count(w)) for w, make in makes.items()}, rounds)
+    x.free()
+    row: dict[str, Any] = {"n": n}
+    for way, t in timed.items():
+        row |= figure(f"{way}_us_per_op", t["record"], scale=1e6) | figure(f"{way}_build_s", t["build"])
+    return row | {"edges": edges["memset"], "kernel_edges": edges["kernel"]}
 
 
 def _readers(x: Tensor, out: Tensor) -> list[GraphNode]:
@@ -78,8 +68,9 @@ def writes_after_readers(dev: Device, writes: int, rounds: int) -> dict[str, Any
             s.record(op)
     with s.graph as graph:
         reader_edges, reader_nodes = len(graph.edges), len(graph.nodes)
-    best = float("inf")
-    for _ in range(rounds):
+    counts: dict[str, int] = {}
+
+    def lap() -> dict[str, float]:
         readers = _readers(x, out)
         with CudaGraph.scope(stream) as s:
             for op in readers:
@@ -87,25 +78,29 @@ def writes_after_readers(dev: Device, writes: int, rounds: int) -> dict[str, Any
             t0 = time.perf_counter()
             for i in range(writes):
                 s.record(memset(x[i].mut(), 2.0))
-            best = min(best, (time.perf_counter() - t0) / writes)
+            t1 = time.perf_counter()
         with s.graph as graph:
-            edges, nodes = len(graph.edges), len(graph.nodes)
-            last_write_deps = len(graph.nodes[-1].deps)  # recorded last: a write in the steady state
+            counts["edges"], counts["nodes"] = len(graph.edges), len(graph.nodes)
+            counts["last"] = len(graph.nodes[-1].deps)  # recorded last: a write in the steady state
+        return {"write": (t1 - t0) / writes}
+
+    timed = interleaved_laps({"writes": lap}, rounds)
+    edges, nodes = counts["edges"], counts["nodes"]
     x.free()
     out.free()
     return {
         "readers": READERS,
         "writes": writes,
-        "us_per_write": best * 1e6,
+        **figure("us_per_write", timed["writes"]["write"], scale=1e6),
         "edges_per_write": (edges - reader_edges) / writes,  # join nodes' edges included, amortised
-        "last_write_edges": last_write_deps,
+        "last_write_edges": counts["last"],
         "reader_edges": reader_edges,
         "extra_nodes": nodes - reader_nodes - writes,  # join nodes the tracker added, if any
     }
 
 
 def run(dev: Device, quick: bool) -> dict[str, Any]:
-    rounds = 1 if quick else 3
+    rounds = 3 if quick else 5
     return {
         "row_floats": ROW,
         "partial_writes": [partial_writes(dev, n, rounds) for n in (QUICK_SIZES if quick else SIZES)],

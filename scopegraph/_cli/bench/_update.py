@@ -12,13 +12,13 @@ dependent kernels whose last kernel's argument changes every iteration, run five
 
 Every way runs the same 20 kernels per iteration, and everything the user pays is inside the
 clock (building ops, recording, instantiating, updating, closing). The ways are sampled alike:
-rounds of the same number of back-to-back iterations, interleaved way by way, median per way.
+rounds of the same number of back-to-back iterations, interleaved way by way; per way the best,
+median and spread of the rounds (the plain figures and the ratios are the medians).
 Before timing, each way runs a few iterations from the same state and must produce exactly the
 results of eager launches (``agree``)."""
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Callable
 from typing import Any
 
@@ -26,7 +26,7 @@ import numpy as np
 
 from ... import CudaGraph, Device, KernelLaunch, Param, Scope, Stream, Tensor, f32, library
 from ._table import markdown
-from ._timing import time_calls
+from ._timing import Side, cell, figure, figures, interleaved, part
 
 KERNELS = 20
 ELEMENTS = 256
@@ -152,17 +152,18 @@ def run(dev: Device, quick: bool) -> dict[str, Any]:
     if dev.is_cuda:
         calls, rounds = (50, 3) if quick else (200, 7)
     else:
-        calls, rounds = (3, 2) if quick else (20, 3)
-    samples: dict[str, list[float]] = {w: [] for w in WAYS}
-    submits: dict[str, list[float]] = {w: [] for w in WAYS}
-    for _ in range(rounds):
-        for w in WAYS:  # interleaved, so drift affects every way alike
-            timed = time_calls(ways[w], stream.sync, calls, rounds=1, warmup=1)
-            samples[w].append(timed["wall"])
-            submits[w].append(timed["submit"])
+        calls, rounds = (3, 3) if quick else (20, 3)
+    # Interleaved rounds, each way one untimed iteration then `calls` timed ones per round.
+    sides: dict[str, Side] = {w: (ways[w], stream.sync, calls) for w in WAYS}
+    timed = interleaved(sides, rounds=rounds, inner=1, warmup=0, rewarm=1)
     for g in graphs:
         g.close()
-    per = {w: statistics.median(samples[w]) for w in WAYS}
+    # The plain figures (per_iteration_s, submit_s) and every ratio are the medians, as before.
+    by_figure = {
+        key: figures(key, {w: figure(key, part(timed[w], of), plain="median") for w in WAYS})
+        for key, of in (("per_iteration_s", "wall"), ("submit_s", "submit"))
+    }
+    per = by_figure["per_iteration_s"]["per_iteration_s"]
     return {
         "kernels": KERNELS,
         "elements": ELEMENTS,
@@ -170,8 +171,8 @@ def run(dev: Device, quick: bool) -> dict[str, Any]:
         "rounds": rounds,
         "agree": bool(agree),
         "last_update": last_update,
-        "per_iteration_s": per,
-        "submit_s": {w: statistics.median(submits[w]) for w in WAYS},
+        **by_figure["per_iteration_s"],
+        **by_figure["submit_s"],
         "speedup_over_no_graph": {w: per["no_graph"] / per[w] for w in WAYS},
         "ratios": {
             "whole_update/node_update": per["whole_update"] / per["node_update"],
@@ -191,8 +192,11 @@ LABELS = {
 
 
 def format_rows(u: dict[str, Any]) -> list[str]:
-    per, submit, speedup = u["per_iteration_s"], u["submit_s"], u["speedup_over_no_graph"]
-    rows = [[LABELS[w], f"{per[w] * 1e6:.2f}", f"{submit[w] * 1e6:.2f}", f"{speedup[w]:.2f}"] for w in WAYS]
+    speedup = u["speedup_over_no_graph"]
+    rows = [
+        [LABELS[w], *(cell(u, key, ".2f", 1e6, w) for key in ("per_iteration_s", "submit_s")), f"{speedup[w]:.2f}"]
+        for w in WAYS
+    ]
     r = u["ratios"]
     return [
         *markdown(["way", "us/iteration", "CPU submit us", "speedup vs eager"], rows, labels=1),
