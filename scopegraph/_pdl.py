@@ -46,18 +46,26 @@ class EdgeKinds:
     every edge out of which is full (anything but a launch of a ``pdl=True`` kernel), so a chain
     of PDL kernels costs one set test per op however many predecessors it has."""
 
-    __slots__ = ("chained", "full")
+    __slots__ = ("full", "written")
 
     def __init__(self, order: str) -> None:
         self.full: set[int] = set()
         # In program order an op's one predecessor is the op recorded before it, not the writer of
-        # what it loads before its wait, which may be any earlier node: such an op gets full edges
-        # (its predecessor has then finished, and so has everything before it).
-        self.chained = order == "program"
+        # what it loads before its wait, which may be any earlier node. So the memory regions the
+        # recording has written so far are kept (None in dataflow order, where the writer is a
+        # direct predecessor), and an op that loads any of them early gets full edges: its
+        # predecessor has then finished, and so has everything before it.
+        self.written: set[object] | None = set() if order == "program" else None
 
     def of(self, op: GraphNode, deps: frozenset[int], nodes: Sequence[RecordedNode]) -> frozenset[int]:
         """The subset of ``deps`` (indices into ``nodes``) whose edges into ``op``, recorded as node
         ``len(nodes)``, may be programmatic."""
+        written = self.written
+        if written is not None:
+            loads_written = _loads_early(op, written)
+            written.update(b.alloc.region for b in op.borrows if b.mutable)
+            if loads_written:
+                return NONE
         if type(op) is not KernelLaunch or not op.kernel.pdl:
             self.full.add(len(nodes))
             return NONE
@@ -65,12 +73,18 @@ class EdgeKinds:
         full = self.full
         if not early and full.isdisjoint(deps):
             return deps  # every edge (the common case in a chain of PDL kernels): no new set
-        if early and self.chained:
-            return NONE
         chosen = [d for d in deps if d not in full and not (early and early_load_of(op, nodes[d].op) is not None)]
         if len(chosen) == len(deps):
             return deps
         return frozenset(chosen) if chosen else NONE
+
+
+def _loads_early(op: GraphNode, regions: set[object]) -> bool:
+    """Whether ``op`` loads, before its wait, memory in ``regions``."""
+    if type(op) is not KernelLaunch or not op.kernel.pdl or not op.kernel.reads_before_wait:
+        return False
+    names = op.kernel.reads_before_wait
+    return any(b.param in names and b.alloc.region in regions for b in op.borrows)
 
 
 def early_load_of(op: GraphNode, before: GraphNode) -> Borrow | None:

@@ -197,17 +197,20 @@ def test_in_program_order_a_pdl_kernel_that_loads_early_gets_full_edges(
 ) -> None:
     """In program order the matvec's one predecessor is node 1, not node 0, the writer of the w it
     loads before its wait: its edge was programmatic, so it could start (node 1 triggers at entry)
-    while node 0 still wrote w. Its edges are full now; a kernel that loads nothing early keeps
-    programmatic ones."""
+    while node 0 still wrote w. Its edges are full now; a kernel that loads nothing early, or
+    loads early only what the recording never writes (frozen weights), keeps programmatic ones."""
     ones = sg_device.from_numpy(np.ones(64, np.float32), name="ones")
     w = sg_device.zeros((8, 8), name="w")
     x, out, y = sg_device.zeros((8,), name="x"), sg_device.zeros((8,), name="out"), sg_device.zeros((8,), name="y")
+    frozen = sg_device.full((8, 8), 1.0, name="frozen").freeze()
     with CudaGraph.scope(sg_stream, order="program") as s:
         s.record(slow_copy[1, 256](w.view((64,)).mut(), ones, 64, SPIN_NS))  # w = 1, late on a GPU
         s.record(library.fill_op(x.mut(), 2.0))
         mv = s.record(library.matvec_op(out.mut(), x, w))  # loads w before its wait
         after = s.record(library.add_op(y.mut(), out, out))
+        weights = s.record(library.matvec_op(x.mut(), y, frozen))
     assert mv.deps == {1} and mv.programmatic == frozenset() and after.programmatic == {2}
+    assert weights.programmatic == {3}
     with s.graph as g:
         for _ in range(3):
             sg_stream.run(sg.memset(w.mut(), 0.0))
