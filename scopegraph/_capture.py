@@ -479,6 +479,10 @@ class _CoreCapture:
 
 _torch_streams: dict[int, Any] = {}
 _torch_lock = threading.Lock()
+# Held from the start of a PyTorch capture to its end: torch.cuda.graph synchronises the device
+# when it starts, which a capture in progress on another thread does not survive, and its capture
+# stream is one per device. So threads capture via="torch" one at a time.
+_torch_captures = threading.Lock()
 
 
 def _torch_capture_stream(torch: Any, index: int) -> Any:
@@ -519,13 +523,26 @@ class _TorchCapture:
         self.graph: Any = None
         self.context: Any = None
         self.before = 0
+        self.capturing = False  # holds _torch_captures
 
     def begin(self) -> None:
         torch = self.torch
-        self.graph = torch.cuda.CUDAGraph(keep_graph=True)
-        self.context = torch.cuda.graph(self.graph, stream=self.stream, capture_error_mode=self.mode)
-        self.context.__enter__()
+        _torch_captures.acquire()
+        self.capturing = True
+        try:
+            self.stream = _torch_capture_stream(torch, self.index)  # a failed capture may have dropped it
+            self.graph = torch.cuda.CUDAGraph(keep_graph=True)
+            self.context = torch.cuda.graph(self.graph, stream=self.stream, capture_error_mode=self.mode)
+            self.context.__enter__()
+        except BaseException:
+            self._done()
+            raise
         self.before = int(torch.cuda.memory_allocated(self.index))
+
+    def _done(self) -> None:
+        if self.capturing:
+            self.capturing = False
+            _torch_captures.release()
 
     def _leave(self, exc: tuple[Any, Any, Any]) -> None:
         """End torch's capture context; if capture_end raises, still restore the current stream."""
@@ -554,6 +571,8 @@ class _TorchCapture:
                 exc,
                 "make every stream that joined the capture join back, and keep the region's work capturable",
             ) from exc
+        finally:
+            self._done()
         grown = int(self.torch.cuda.memory_allocated(self.index)) - self.before
         if grown > 0:
             self.graph = None
@@ -576,9 +595,12 @@ class _TorchCapture:
         return holder, [self.graph]
 
     def abort(self) -> None:
-        if self.context is not None:
-            with contextlib.suppress(Exception):
-                self._leave((None, None, None))
+        try:
+            if self.context is not None:
+                with contextlib.suppress(Exception):
+                    self._leave((None, None, None))
+        finally:
+            self._done()
         self._forget()
 
     def _forget(self) -> None:

@@ -125,19 +125,23 @@ class Pin:
     def release(self) -> None:
         """Unpin; the memory's eventual release waits for every replay of this holder, and eager
         work on it from other streams for the last one (``Allocation.closed_replays``)."""
-        key = id(self)
-        streams = self.replayed_on
-        last = self.last_stream
         for alloc in self.allocations.values():
-            alloc.pins.pop(key, None)
-            alloc.users |= streams
-            if last is not None:
-                if alloc.closed_replays is None:
-                    alloc.closed_replays = {}
-                alloc.closed_replays.setdefault(last, set()).update(self.caught_up)
-                _hand_on_replay(self, alloc, last)
+            self.let_go(alloc)
         self.allocations = {}
         holdings_changed()
+
+    def let_go(self, alloc: Allocation) -> None:
+        """Unpin ``alloc`` (closed, or no longer used after a rebind or a new recording): its
+        release waits for every replay so far, and eager work on it from another stream, and the
+        next replays of the graphs that stay on it, for the last one (it may still run)."""
+        alloc.pins.pop(id(self), None)
+        alloc.users |= self.replayed_on
+        last = self.last_stream
+        if last is not None:
+            if alloc.closed_replays is None:
+                alloc.closed_replays = {}
+            alloc.closed_replays.setdefault(last, set()).update(self.caught_up)
+            _hand_on_replay(self, alloc, last)
 
 
 def pins_writing(alloc: Allocation, start: int, end: int) -> Iterator[Pin]:
@@ -212,13 +216,9 @@ def repin(pin: Pin, borrows: Iterable[Borrow]) -> None:
         for a in alloc.aliases() if len(alloc.region.members) > 1 else (alloc,):
             held[a.id] = a
     key = id(pin)
-    last = pin.last_stream
     for aid, a in pin.allocations.items():
         if aid not in held:
-            a.pins.pop(key, None)
-            a.users |= pin.replayed_on
-            if last is not None:
-                _hand_on_replay(pin, a, last)
+            pin.let_go(a)
     for aid, a in held.items():
         if aid not in pin.allocations:
             a.pins[key] = pin

@@ -29,19 +29,19 @@ _stream_ids = itertools.count(1)
 device_lookup: Callable[[Device | str], Device] | None = None
 
 
-# The Stream of each CUDA stream, by device and handle: wrapping one twice (dev.stream().native,
-# or a torch stream, passed to from_handle) gives the same Stream, so a scope recording on it
-# refuses eager work through every wrapper. Handles 0, 1 and 2 name no one stream (the legacy
-# default stream of the current context, and the per-thread default stream): they get a Stream
-# per wrapping, as before.
-_by_handle: weakref.WeakValueDictionary[tuple[int, int], Stream] = weakref.WeakValueDictionary()
+# The Stream of each CUDA stream: wrapping one twice (dev.stream().native, or a torch stream,
+# passed to from_handle) gives the same Stream, so a scope recording on it refuses eager work
+# through every wrapper. Keyed by device and handle; handles 0 and 1 both name the device's
+# legacy default stream, and handle 2 names the calling thread's per-thread default stream.
+_by_handle: weakref.WeakValueDictionary[tuple[int, int, int], Stream] = weakref.WeakValueDictionary()
 _by_handle_lock = threading.RLock()  # Stream() registers itself under it too
-_SHARED_HANDLES = (0, 1, 2)
 
 
-def _key(device: Device, native: object) -> tuple[int, int] | None:
+def _key(device: Device, native: object) -> tuple[int, int, int]:
     handle = int(native.__cuda_stream__()[1])  # type: ignore[attr-defined]
-    return None if handle in _SHARED_HANDLES else (device.index, handle)
+    if handle in (0, 1):
+        return (device.index, 0, 0)
+    return (device.index, handle, threading.get_ident() if handle == 2 else 0)
 
 
 class Stream:
@@ -58,10 +58,9 @@ class Stream:
         self.id = next(_stream_ids)
         # What was last submitted here (an op's name, or a graph's id), named if the GPU faults later.
         self.last_work: str | int = ""
-        key = None if native is None else _key(device, native)
-        if key is not None:
+        if native is not None:
             with _by_handle_lock:
-                _by_handle.setdefault(key, self)
+                _by_handle.setdefault(_key(device, native), self)
 
     def __repr__(self) -> str:
         return f"<Stream #{self.id} on {self.device}>"
@@ -144,8 +143,6 @@ class Stream:
                 )
             dev = get_device(f"cuda:{index}")
         key = _key(dev, native)
-        if key is None:
-            return Stream(dev, native)
         with _by_handle_lock:  # one Stream, also when two threads wrap the stream at once
             known = _by_handle.get(key)
             if known is None:

@@ -225,6 +225,91 @@ def test_memory_dropped_while_a_region_captures_is_freed_after_it(sg_stream: sg.
 
 
 @pytest.mark.sg_cuda
+def test_numpy_in_one_thread_while_another_thread_captures_a_region() -> None:
+    """x.numpy() made a device-wide synchronisation, which the driver refuses while any stream
+    captures (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED) and which invalidates that capture: both the
+    read and the other thread's region failed. The read now waits for x's own writers then."""
+    from cuda.bindings import driver  # a raw fill as another library's work (cuda.core has none)
+
+    dev = sg.device("cuda")
+    n = 1 << 16
+    x, c = dev.full((n,), 1.0, name="x"), dev.zeros((n,), name="c")
+    inside, read = threading.Event(), threading.Event()
+    outcome: dict[str, object] = {}
+
+    def capture() -> None:
+        try:
+            with CudaGraph.scope(dev.stream()) as s, s.capture(writes=[c.mut()]) as region:
+                (err,) = driver.cuMemsetD32Async(c.data_ptr, 0x40400000, n, driver.CUstream(region.handle))  # 3.0f
+                inside.set()
+                read.wait(20)
+            with s.graph as g:
+                g.launch()
+                g.sync()
+            outcome["capture"] = err
+        except Exception as exc:
+            outcome["capture"] = exc
+        finally:
+            inside.set()
+
+    def numpy() -> None:
+        inside.wait(20)
+        try:
+            outcome["numpy"] = float(x.numpy()[0])
+        except Exception as exc:
+            outcome["numpy"] = exc
+        finally:
+            read.set()
+
+    threads = [threading.Thread(target=capture), threading.Thread(target=numpy)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert outcome == {"capture": driver.CUresult.CUDA_SUCCESS, "numpy": 1.0}
+    np.testing.assert_array_equal(c.numpy(), 3.0)
+
+
+@pytest.mark.sg_cuda
+def test_threads_each_capture_a_torch_region() -> None:
+    """Four threads each record graphs holding a via="torch" region: PyTorch's capture of one
+    thread synchronised the device while another's captured (cudaErrorIllegalState), and they
+    shared one capture stream. They now take turns for the capture itself."""
+    torch = pytest.importorskip("torch")
+    dev = sg.device("cuda")
+    n = 4096
+    barrier = threading.Barrier(4)
+    failures: list[BaseException] = []
+
+    def worker(tid: int) -> None:
+        try:
+            stream = dev.stream()
+            a, c = dev.full((n,), float(tid), name=f"a{tid}"), dev.zeros((n,), name=f"c{tid}")
+            ta, tc = torch.from_dlpack(a), torch.from_dlpack(c)
+            barrier.wait(30)
+            for r in range(3):
+                with CudaGraph.scope(stream) as s:
+                    s.record(library.add_scalar_op(a.mut(), 1.0))
+                    with s.capture(
+                        reads=[a], writes=[c.mut()], via="torch", host=lambda c, a: np.multiply(a, 2, out=c)
+                    ):
+                        torch.mul(ta, 2.0, out=tc)
+                with s.graph as g:
+                    g.launch()
+                    g.sync()
+                np.testing.assert_array_equal(c.numpy(), 2.0 * (tid + r + 1))
+        except BaseException as exc:
+            failures.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not failures, failures
+
+
+@pytest.mark.sg_cuda
 def test_memory_another_thread_drops_during_a_global_capture_is_freed_after_it() -> None:
     """A capture in mode "global" forbids the event records and queries of a free on every thread,
     not only on its own: foreign memory that another thread lets go of meanwhile (its free records

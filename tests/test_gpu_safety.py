@@ -297,6 +297,13 @@ def test_one_cuda_stream_has_one_stream_wrapper(cuda: sg.Device) -> None:
     assert again is stream
     foreign = torch.cuda.Stream(device=0)
     assert sg.Stream.from_handle(foreign) is sg.Stream.from_handle(foreign)
+    legacy = sg.Stream.from_handle(torch.cuda.default_stream(0))  # handle 0: the legacy default stream
+    assert sg.Stream.from_handle(torch.cuda.default_stream(0)) is legacy
+    with CudaGraph.scope(legacy) as on_legacy:
+        on_legacy.record(sg.memset(cuda.zeros((8,)).mut(), 1.0))
+        with pytest.raises(sg.ScopeStateError, match="while a scope is recording"):
+            sg.Stream.from_handle(torch.cuda.default_stream(0)).run(sg.memset(cuda.zeros((8,)).mut(), 2.0))
+    on_legacy.graph.close()
     z = cuda.zeros((8,), name="z")
     with CudaGraph.scope(stream) as s:
         s.record(sg.memset(z.mut(), 1.0))

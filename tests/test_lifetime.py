@@ -197,3 +197,28 @@ def test_a_replay_between_eager_works_note_and_its_enqueue_does_not_use_up_the_w
     order_replay(pin, "S1", backend)  # thread A's next replay
     assert waits == [("S1", "S2")]
     s.graph.close()
+
+
+@pytest.mark.parametrize("how", ["rebind", "into"])
+def test_eager_work_on_memory_a_graph_let_go_waits_for_its_last_replay(how: str) -> None:
+    """A graph's last replay (on stream "a") may still read `x` when a rebind or a new recording
+    moves the graph off it: eager work on `x` from another stream waits for that replay, as after
+    close() (a rebind forgot it: the GPU then overwrote what the replay was still reading)."""
+    from scopegraph._lifetime import note_eager_use, order_replay
+
+    dev = sg.device("host")
+    x, x2, out = dev.zeros((8,), name="x"), dev.zeros((8,), name="x2"), dev.zeros((8,), name="out")
+    with CudaGraph.scope(dev.stream()) as s:
+        s.record(sg.memcpy(out.mut(), x))
+    graph = s.graph
+    waits: list[tuple[str, str]] = []
+    backend: Any = types.SimpleNamespace(wait_stream=lambda stream, last: waits.append((stream, last)))
+    order_replay(graph._pin, "a", backend)  # what a replay on stream "a" does on a GPU
+    if how == "rebind":
+        graph.rebind({x: x2})
+    else:
+        with CudaGraph.scope(dev.stream(), into=graph) as again:
+            again.record(sg.memcpy(out.mut(), x2))
+    note_eager_use(sg.memset(x.mut(), 9.0).borrows, "b", backend)
+    assert waits == [("b", "a")]
+    graph.close()

@@ -484,7 +484,7 @@ class CudaBackend:
         if nbytes:
             self.make_current()
             with self.driver_call("copying device memory to the host"):
-                self.core.sync()  # waits for pending work on every stream that may write it
+                self._settle(alloc, self.allocation_stream)
                 src = Buffer.from_handle(alloc.address + offset, nbytes, owner=alloc)
                 Buffer.from_handle(host.ctypes.data, nbytes, owner=host).copy_from(src, stream=self.allocation_stream)
                 self.allocation_stream.sync()
@@ -782,6 +782,17 @@ class CudaBackend:
                 found |= pin.replayed_on
         return found
 
+    def _settle(self, alloc: Allocation, stream: CoreStream) -> None:
+        """Order ``stream`` after the work that may write ``alloc``: a device-wide sync (which also
+        covers other libraries' work on wrapped memory), except while a thread captures a region,
+        whose capture a device-wide sync would break: then ``stream`` waits for scopegraph's own
+        users of the memory (eager streams, replays)."""
+        if self._deferring:
+            for user in self._users_of(alloc):
+                self.wait_stream(stream, user)
+        else:
+            self.core.sync()
+
     def ready_stream(self, alloc: Allocation) -> int | None:
         """A stream on which all work queued on ``alloc`` is complete, for ``__cuda_array_interface__``."""
         users = self._users_of(alloc)
@@ -806,8 +817,9 @@ class CudaBackend:
             consumer = CoreStream.from_handle(stream)
             for user in self._users_of(tensor.allocation):
                 self.wait_stream(consumer, user)
-        elif stream is None:
-            self.core.sync()  # DLPack's None: the consumer gives no stream, so the data must be complete
+        elif stream is None:  # DLPack's None: the consumer gives no stream, so the data must be complete
+            self._settle(tensor.allocation, self.memory_stream)
+            self.memory_stream.sync()
         # cuda.core would drop the read-only flag from an unversioned capsule: Tensor.__dlpack__
         # refuses those for frozen tensors.
         view = StridedMemoryView.from_buffer(
