@@ -150,6 +150,8 @@ class CudaGraph:
         if stream.recording is not None:
             stream.check_not_recording(f"update graph #{self.id}")
         with self._lock:
+            if self._exec is None:  # closed by another thread since the check above
+                raise self._closed_error("update")
             last = self._pin.last_stream
             if self._ordered and last is not None and last is not stream.native:
                 stream.device.backend.wait_stream(stream.native, last)
