@@ -483,6 +483,7 @@ _torch_lock = threading.Lock()
 # when it starts, which a capture in progress on another thread does not survive, and its capture
 # stream is one per device. So threads capture via="torch" one at a time.
 _torch_captures = threading.Lock()
+_torch_capturing = [0]  # the thread that holds _torch_captures (0: none)
 
 
 def _torch_capture_stream(torch: Any, index: int) -> Any:
@@ -527,7 +528,16 @@ class _TorchCapture:
 
     def begin(self) -> None:
         torch = self.torch
+        if _torch_capturing[0] == threading.get_ident():  # it would wait for itself
+            raise CaptureError(
+                diagnostic(
+                    'a via="torch" region is already capturing on this thread',
+                    ["PyTorch captures one graph at a time per process (scopegraph lets threads take turns)"],
+                    help='end that region first, or capture this work with via="cuda"',
+                )
+            )
         _torch_captures.acquire()
+        _torch_capturing[0] = threading.get_ident()
         self.capturing = True
         try:
             self.stream = _torch_capture_stream(torch, self.index)  # a failed capture may have dropped it
@@ -542,6 +552,7 @@ class _TorchCapture:
     def _done(self) -> None:
         if self.capturing:
             self.capturing = False
+            _torch_capturing[0] = 0
             _torch_captures.release()
 
     def _leave(self, exc: tuple[Any, Any, Any]) -> None:

@@ -251,7 +251,7 @@ class Body:
     def _close(self, loop: bool) -> None:
         self._open = False
         self._root = None
-        self._edge_kinds.full.clear()  # the body is recorded: its node indices are of no use now
+        self._edge_kinds.clear()
         if loop:
             # A read of `flag` after everything recorded: the tracker names its last writers.
             self.condition_deps = self._tracker.add([Borrow(self.flag, False, "flag")])

@@ -621,8 +621,7 @@ def _check_template_count(kernel: Kernel[Any], given: int) -> None:
         return
     (declared,) = declarations
     if declared is None:
-        c_linkage = re.search(rf'\bextern\s+"C"[^;{{}}]*\b{re.escape(kernel.cpp_name)}\s*\(', kernel.source)
-        if not c_linkage and _TEMPLATE.search(code_only(kernel.source)):
+        if not _c_linkage(kernel.source, kernel.cpp_name) and _TEMPLATE.search(code_only(kernel.source)):
             return  # a template somewhere: braces in its parameters (`int N = int{2}`) hide it from the scan
         raise SignatureError(
             diagnostic(
@@ -646,6 +645,24 @@ def _check_template_count(kernel: Kernel[Any], given: int) -> None:
                 "(ints, bools, dtypes such as sg.f32, or C++ text)",
             )
         )
+
+
+def _c_linkage(source: str, name: str) -> bool:
+    """Whether ``name`` is declared with C linkage, ``extern "C" __global__ ...`` or inside an
+    ``extern "C" { ... }`` block: then it is certainly no template."""
+    if re.search(rf'\bextern\s+"C"[^;{{}}]*\b{re.escape(name)}\s*\(', source):
+        return True
+    declared = re.search(rf"\b__global__\b[^;{{}}]*\b{re.escape(name)}\s*\(", source)
+    if declared is None:
+        return False
+    for block in re.finditer(r'\bextern\s+"C"\s*\{', source[: declared.start()]):
+        depth, at = 1, block.end()
+        while depth and at < declared.start():
+            depth += {"{": 1, "}": -1}.get(source[at], 0)
+            at += 1
+        if depth:  # still open where the kernel is declared
+            return True
+    return False
 
 
 def _top_level_items(text: str) -> list[str]:

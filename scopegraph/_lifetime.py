@@ -274,7 +274,7 @@ def _after_replay(native_stream: object, last: object, caught: set[object], back
 # Held while a pin's `pending` streams are added to (eager work, other threads) or taken for a
 # replay: an add between the replay's copy of the set and its clear would be lost, and the next
 # replay would not wait for that eager work.
-PENDING = threading.Lock()
+PENDING = threading.RLock()  # re-entrant: a collected graph's close may run inside (let_go)
 
 # Held around the ordering and launch of a replay of a graph that has sharers: two of them launched
 # from two threads at once would each read the other's previous replay, and then overlap.

@@ -48,6 +48,12 @@ class EdgeKinds:
 
     __slots__ = ("full", "written")
 
+    def clear(self) -> None:
+        """The recording is over: its node indices and regions are of no use now."""
+        self.full.clear()
+        if self.written is not None:
+            self.written.clear()
+
     def __init__(self, order: str) -> None:
         self.full: set[int] = set()
         # In program order an op's one predecessor is the op recorded before it, not the writer of
@@ -62,8 +68,10 @@ class EdgeKinds:
         ``len(nodes)``, may be programmatic."""
         written = self.written
         if written is not None:
-            loads_written = _loads_early(op, written)
-            written.update(b.alloc.region for b in op.borrows if b.mutable)
+            loads_written = type(op) is KernelLaunch and op.kernel.reads_before_wait and _loads_early(op, written)
+            for b in op.borrows:
+                if b.mutable:
+                    written.add(b.alloc.region)
             if loads_written:
                 return NONE
         if type(op) is not KernelLaunch or not op.kernel.pdl:

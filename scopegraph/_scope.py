@@ -326,13 +326,13 @@ class Scope:
         self._state = _State.DONE
         self._nodes = []
         self._tracker = None
-        self._edge_kinds.full.clear()  # the recording is over: its node indices are of no use now
+        self._edge_kinds.clear()
 
     def _abandon(self) -> None:
         self._pin.release()
         self._nodes = []
         self._tracker = None
-        self._edge_kinds.full.clear()  # the recording is over: its node indices are of no use now
+        self._edge_kinds.clear()
         self._state = _State.FAILED
 
 

@@ -310,6 +310,62 @@ def test_threads_each_capture_a_torch_region() -> None:
 
 
 @pytest.mark.sg_cuda
+def test_a_torch_region_inside_a_torch_region_is_refused_not_a_hang() -> None:
+    """The lock that makes threads take turns for PyTorch captures would wait for itself."""
+    torch = pytest.importorskip("torch")
+    dev = sg.device("cuda")
+    a, c, d = dev.full((64,), 1.0, name="a"), dev.zeros((64,), name="c"), dev.zeros((64,), name="d")
+    ta, tc, td = (torch.from_dlpack(t) for t in (a, c, d))
+    outer = pytest.raises(sg.CaptureError, match=r"already capturing on this thread")
+    with outer, CudaGraph.scope(dev.stream()) as s, s.capture(reads=[a], writes=[c.mut()], via="torch"):
+        torch.mul(ta, 2.0, out=tc)
+        with CudaGraph.scope(dev.stream()) as inner, inner.capture(reads=[a], writes=[d.mut()], via="torch"):
+            torch.mul(ta, 3.0, out=td)
+    with CudaGraph.scope(dev.stream()) as again, again.capture(reads=[a], writes=[c.mut()], via="torch"):
+        torch.mul(ta, 2.0, out=tc)  # the lock was let go
+    with again.graph as g:
+        g.launch()
+        g.sync()
+    np.testing.assert_array_equal(c.numpy(), 2.0)
+
+
+@pytest.mark.sg_cuda
+def test_numpy_during_another_threads_global_capture_is_refused_not_a_broken_capture() -> None:
+    """A mode="global" capture forbids every thread's synchronisation: numpy() then says so,
+    and the capture goes on."""
+    from cuda.bindings import driver
+
+    dev = sg.device("cuda")
+    x, c = dev.full((64,), 1.0, name="x"), dev.zeros((64,), name="c")
+    inside, read = threading.Event(), threading.Event()
+    seen: list[BaseException] = []
+
+    def numpy() -> None:
+        inside.wait(20)
+        try:
+            x.numpy()
+        except BaseException as exc:
+            seen.append(exc)
+        finally:
+            read.set()
+
+    reader = threading.Thread(target=numpy)
+    reader.start()
+    with CudaGraph.scope(dev.stream()) as s, s.capture(writes=[c.mut()], mode="global") as region:
+        (err,) = driver.cuMemsetD32Async(c.data_ptr, 0x40400000, 64, driver.CUstream(region.handle))  # 3.0f
+        inside.set()
+        read.wait(20)
+    reader.join(20)
+    assert err == driver.CUresult.CUDA_SUCCESS
+    assert len(seen) == 1 and isinstance(seen[0], sg.ScopeStateError) and 'mode="global"' in str(seen[0])
+    with s.graph as g:
+        g.launch()
+        g.sync()
+    np.testing.assert_array_equal(c.numpy(), 3.0)
+    np.testing.assert_array_equal(x.numpy(), 1.0)
+
+
+@pytest.mark.sg_cuda
 def test_memory_another_thread_drops_during_a_global_capture_is_freed_after_it() -> None:
     """A capture in mode "global" forbids the event records and queries of a free on every thread,
     not only on its own: foreign memory that another thread lets go of meanwhile (its free records

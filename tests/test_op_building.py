@@ -272,6 +272,11 @@ def test_generics_takes_as_many_arguments_as_the_template_declares() -> None:
     # A template whose parameter list holds braces is still one (the scan misses its `template <`).
     braced = "template <int N = int{2}> __global__ void tb(float* out) { out[0] = N; }"
     assert sg.kernel(braced, name="tb")(tk.__wrapped__).generics(3).template_args == ("3",)
+    # C linkage is certain, in an extern "C" block too, whatever templates the source also holds.
+    block = "template <class T> __device__ T twice(T x) { return x + x; }\n"
+    block += 'extern "C" {\n__global__ void tb(float* out) {}\n}'
+    with pytest.raises(SignatureError, match="is not a C\\+\\+ template kernel"):
+        sg.kernel(block, name="tb")(tk.__wrapped__).generics(3)
     # A kernel that is no template at all (NVRTC refuses `add<3>`; the host ran it).
     with pytest.raises(SignatureError, match=r"`add` is not a C\+\+ template kernel.*\n.*\nhelp: launch it as it is"):
         library.add.generics(3)
