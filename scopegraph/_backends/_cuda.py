@@ -46,7 +46,6 @@ from cuda.core import Stream as CoreStream
 from cuda.core.graph import GraphDefinition
 from cuda.core.utils import StridedMemoryView
 
-from .._borrow import Borrow
 from .._capture import Captured, check_body_graph
 from .._compile import compile_kernel
 from .._control import ControlNode, If, While, levels, sg_condition
@@ -376,7 +375,6 @@ class CudaBackend:
         self._deferred: collections.deque[tuple[object, set[object], bool]] = collections.deque()
         self._deferring: dict[int, int] = {}  # thread id (or EVERY_THREAD) -> captures open on it
         self._deferring_lock = threading.Lock()
-        self._legacy: CoreStream | None = None
 
     def make_current(self) -> None:
         """Make this device's primary context current on the calling thread. Always switches:
@@ -784,12 +782,6 @@ class CudaBackend:
                 found |= pin.replayed_on
         return found
 
-    def _legacy_stream(self) -> CoreStream:
-        """The legacy default stream (DLPack's stream 1), one cuda.core object for it."""
-        if self._legacy is None:
-            self._legacy = CoreStream.from_handle(1)
-        return self._legacy
-
     def _settle(self, alloc: Allocation, stream: CoreStream) -> None:
         """Order ``stream`` after the work that may write ``alloc``: a device-wide sync (which also
         covers other libraries' work on wrapped memory), except while a thread captures a region,
@@ -830,15 +822,9 @@ class CudaBackend:
             setup.sync()
             options = {**options, "copy": None}
         if stream is not None and stream != -1:
-            consumer = self._legacy_stream() if stream == 1 else CoreStream.from_handle(stream)
+            consumer = CoreStream.from_handle(stream)
             for user in self._users_of(tensor.allocation):
                 self.wait_stream(consumer, user)
-            if stream == 1:
-                # The legacy default stream (torch's default one) is never destroyed, so it can be
-                # kept as a user of the memory: its later reads come before the memory is freed
-                # and before the next replay of a graph that uses it. Another library's stream
-                # may be destroyed, so its later work is the consumer's to order (README).
-                queued_on(note_eager_use([Borrow(tensor, True, "DLPack export")], consumer, self), consumer)
         elif stream is None:  # DLPack's None: the consumer gives no stream, so the data must be complete
             self._settle(tensor.allocation, self.memory_stream)
             self.memory_stream.sync()
