@@ -274,6 +274,31 @@ def test_from_handle_finds_the_device_and_refuses_non_streams(cuda: sg.Device) -
         sg.Stream.from_handle(object())
 
 
+def test_eager_work_marks_the_graphs_on_its_memory_pending_once_enqueued(
+    cuda: sg.Device, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The next replay of a graph on the memory must wait for eager work: the stream is marked
+    pending after the launch is enqueued, not before (a replay on another thread in between would
+    take the mark and wait for nothing yet queued; tests/test_lifetime.py has that sequence)."""
+    from scopegraph._backends import _cuda
+
+    stream, x = cuda.stream(), cuda.zeros((256,), name="x")
+    with CudaGraph.scope(cuda.stream()) as s:
+        s.record(library.fill_op(x.mut(), 1.0))
+    pin = s.graph._pin
+    marked_at_launch: list[bool] = []
+    real_launch = _cuda.launch  # type: ignore[attr-defined]
+
+    def spying_launch(native: Any, *args: Any) -> None:
+        marked_at_launch.append(native in pin.pending)
+        real_launch(native, *args)
+
+    monkeypatch.setattr(_cuda, "launch", spying_launch)
+    stream.run(library.add_scalar_op(x.mut(), 1.0))
+    assert marked_at_launch == [False] and stream.native in pin.pending
+    s.graph.close()
+
+
 def test_graph_sync_waits_for_a_replay_launched_on_another_stream(cuda: sg.Device) -> None:
     """graph.sync() synchronised the graph's own stream only: a replay launched with
     graph.launch(stream=other) could still run after it returned."""
