@@ -297,10 +297,6 @@ def check_options(kernel: Kernel[Any]) -> None:
         return
 
 
-# NVRTC declares neither without the CUDA runtime headers, though DESIGN section 7 names the first
-# as a way to wait: a source that calls one and includes nothing gets these definitions (the
-# instructions the headers' own emit; none below sm_90, which has no programmatic edges), and
-# `#line 1` keeps NVRTC's line numbers those of the user's source.
 # Comments and string or character literals (blanked), then preprocessor lines (dropped): what is
 # left are the declarations and code that the source-reading checks read.
 _NOT_CODE = re.compile(r"//[^\n]*|/\*.*?\*/|\"(?:\\.|[^\"\\\n])*\"|'(?:\\.|[^'\\\n])*'", re.S)
@@ -313,9 +309,14 @@ def code_only(source: str) -> str:
     return _PREPROCESSOR.sub(" ", _NOT_CODE.sub(" ", source))
 
 
-_PDL_DEFINED = re.compile(r"\bvoid\s+(?:cudaGridDependencySynchronize|cudaTriggerProgrammaticLaunchCompletion)\s*\(")
+# NVRTC declares neither without the CUDA runtime headers, though DESIGN section 7 names the first
+# as a way to wait: a source that calls one and includes nothing gets these definitions (the
+# instructions the headers' own emit; none below sm_90, which has no programmatic edges), and
+# `#line 1` keeps NVRTC's line numbers those of the user's source.
+_PDL_NAMES = r"(?:cudaGridDependencySynchronize|cudaTriggerProgrammaticLaunchCompletion)\s*\("
+_PDL_CALLS = re.compile(rf"\b{_PDL_NAMES}")
+_PDL_DEFINED = re.compile(rf"\bvoid\s+{_PDL_NAMES}")
 _AN_INCLUDE = re.compile(r"^[ \t]*#[ \t]*include\b", re.M)
-_PDL_CALLS = re.compile(r"\b(?:cudaGridDependencySynchronize|cudaTriggerProgrammaticLaunchCompletion)\s*\(")
 _PDL_PRELUDE = """#if __CUDA_ARCH__ >= 900
 #define SG_PDL_ASM(instruction) asm volatile(instruction ::: "memory")
 #else

@@ -245,7 +245,7 @@ class Body:
 
     def _add_join(self, index: int, deps: frozenset[int]) -> None:
         assert index == len(self._nodes)
-        self._edge_kinds.full.add(index)
+        self._edge_kinds.join(index)
         self._nodes.append(RecordedNode(index, Join(), deps, self._nodes[-1]._where if self._nodes else self._where))
 
     def _close(self, loop: bool) -> None:

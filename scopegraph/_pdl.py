@@ -48,12 +48,6 @@ class EdgeKinds:
 
     __slots__ = ("full", "written")
 
-    def clear(self) -> None:
-        """The recording is over: its node indices and regions are of no use now."""
-        self.full.clear()
-        if self.written is not None:
-            self.written.clear()
-
     def __init__(self, order: str) -> None:
         self.full: set[int] = set()
         # In program order an op's one predecessor is the op recorded before it, not the writer of
@@ -63,12 +57,22 @@ class EdgeKinds:
         # predecessor has then finished, and so has everything before it.
         self.written: set[object] | None = set() if order == "program" else None
 
+    def join(self, index: int) -> None:
+        """The tracker made node ``index`` a join: not a kernel, so its edges out are full."""
+        self.full.add(index)
+
+    def clear(self) -> None:
+        """The recording is over: its node indices and regions are of no use now."""
+        self.full.clear()
+        if self.written is not None:
+            self.written.clear()
+
     def of(self, op: GraphNode, deps: frozenset[int], nodes: Sequence[RecordedNode]) -> frozenset[int]:
         """The subset of ``deps`` (indices into ``nodes``) whose edges into ``op``, recorded as node
         ``len(nodes)``, may be programmatic."""
         written = self.written
         if written is not None:
-            loads_written = type(op) is KernelLaunch and op.kernel.reads_before_wait and _loads_early(op, written)
+            loads_written = _loads_early(op, written)
             for b in op.borrows:
                 if b.mutable:
                     written.add(b.alloc.region)

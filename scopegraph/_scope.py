@@ -274,7 +274,7 @@ class Scope:
     def _add_join(self, index: int, deps: frozenset[int]) -> None:
         """The tracker's join nodes, recorded where the op that needed them was."""
         assert index == len(self._nodes)
-        self._edge_kinds.full.add(index)
+        self._edge_kinds.join(index)
         self._nodes.append(RecordedNode(index, Join(), deps, self._where))
 
     @property

@@ -145,9 +145,7 @@ class Stream:
         key = _key(dev, native)
         with _by_handle_lock:  # one Stream, also when two threads wrap the stream at once
             known = _by_handle.get(key)
-            if known is None:
-                known = _by_handle[key] = Stream(dev, native)
-        return known
+            return known if known is not None else Stream(dev, native)  # which registers itself
 
 
 def _check_protocol(obj: Any) -> None:
