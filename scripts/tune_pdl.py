@@ -55,6 +55,9 @@ TWO_BLOCKS = ("SG_MATVEC_BOUNDS=__launch_bounds__(256,2)",)  # 2 matvec blocks a
 # 3/4 of each row in registers before the wait, 64 registers, 4 blocks an SM: both matvecs of a
 # layer resident at once (2048 + 2048 warps), the last quarter of each row loaded after the wait.
 THREE_QUARTERS = ("CHUNK=12", "SG_MATVEC_BOUNDS=__launch_bounds__(256,4)")
+# x staged in shared memory by loads and stores (one L2 round trip per 256 floats of x a thread
+# after the wait), as the library did before it staged x by cp.async (all of it in one round trip).
+STAGE_BY_LOADS = ("SG_STAGE_ASYNC=0",)
 
 # d=2048 x 22: what each case changes from the library's defaults. The baseline cases (with
 # --baseline) launch axpy with 256 threads, as the library did before AXPY_BLOCK.
@@ -62,8 +65,10 @@ CASES: list[Case] = [
     Case("fused, baseline", "fused", base=True),
     Case("fused", "fused"),
     Case("fused, matvec_add 2 rows a warp", "fused", second_rows=2),
+    Case("fused, x staged by loads", "fused", STAGE_BY_LOADS),
     Case("4k, baseline", "kernels", axpy=256, base=True),
     Case("4k", "kernels"),
+    Case("4k, x staged by loads", "kernels", STAGE_BY_LOADS),  # why the matvecs stage x by cp.async
     Case("4k, axpy 256 threads", "kernels", axpy=256),  # why library.AXPY_BLOCK is 512
     Case("4k, no register cap", "kernels", NO_BOUNDS),  # why the matvec family caps its registers
     Case("4k, 2 matvec blocks an SM", "kernels", TWO_BLOCKS),
@@ -71,13 +76,15 @@ CASES: list[Case] = [
     Case("4k, second matvec 4 rows a warp", "kernels", second_rows=4),
     Case("4k, 3/4 of each row before the wait, 4 blocks an SM", "kernels", THREE_QUARTERS),
 ]
-TRACED = ("4k", "4k, second matvec 2 rows a warp")
+TRACED = ("4k", "4k, x staged by loads")
 # d=512 x 22 (launch-bound: the weights nearly fit in L2).
 SMALL_CASES: list[Case] = [
     Case("fused, baseline", "fused", base=True),
     Case("fused", "fused"),
     Case("4k, baseline", "kernels", axpy=256, base=True),
+    Case("fused, x staged by loads", "fused", STAGE_BY_LOADS),
     Case("4k", "kernels"),
+    Case("4k, x staged by loads", "kernels", STAGE_BY_LOADS),
     Case("4k, axpy 256 threads", "kernels", axpy=256),
     Case("4k, second matvec 2 rows a warp", "kernels", second_rows=2),
 ]
@@ -325,7 +332,11 @@ def main() -> int:
     parser.add_argument("--no-table", action="store_true", help="skip the timing table")
     parser.add_argument("--host", action="store_true", help="a dry run on the host backend (timings meaningless)")
     parser.add_argument("--baseline", type=Path, metavar="FILE", help="another library.cu: also its cases (base)")
+    parser.add_argument("--cases", metavar="REGEX", help="only the cases whose label matches REGEX")
     args = parser.parse_args()
+    if args.cases is not None:
+        CASES[:] = [c for c in CASES if re.search(args.cases, c.label)]
+        SMALL_CASES[:] = [c for c in SMALL_CASES if re.search(args.cases, c.label)]
     if args.baseline is not None:
         BASELINE[0] = args.baseline.read_text()
     else:
