@@ -28,8 +28,8 @@ the bodies' nodes. Graph parameters (``scopegraph._params``) update nodes the sa
 (:func:`update_executable`).
 
 Recording again into a graph (``CudaGraph.scope(stream, into=graph)``) compares the new
-recording's :func:`topology` with the graph's: the same node kinds and edges is a whole-graph
-update, anything else a new executable.
+recording's :func:`topology` with the graph's: the same node kinds and edges (bodies included)
+is a whole-graph update, anything else a new executable.
 """
 
 from __future__ import annotations
@@ -397,24 +397,38 @@ def all_borrows(nodes: Sequence[RecordedNode]) -> Iterable[Borrow]:
 # -- re-recording ------------------------------------------------------------------------
 
 
-def topology(
-    nodes: Sequence[RecordedNode], programmatic: bool
-) -> tuple[tuple[str, frozenset[int], frozenset[int]], ...] | None:
-    """What a whole-graph update needs to match: each node's kind (as the backends build it) and
-    edges, programmatic ones apart (scopegraph._pdl) where the backend makes them (``programmatic``:
-    on the host and below sm_90 the pdl flag changes nothing). None for a graph with device-side
-    loops or branches, which is always instantiated again."""
-    shape: list[tuple[str, frozenset[int], frozenset[int]]] = []
+Shape = tuple[tuple[object, frozenset[int], frozenset[int]], ...]  # a node's (kind, edges, programmatic edges)
+
+
+def topology(nodes: Sequence[RecordedNode], programmatic: bool) -> Shape | None:
+    """What taking a new recording in place needs to match: each node's kind (as the backends build
+    it) and edges, programmatic ones apart (scopegraph._pdl) where the backend makes them
+    (``programmatic``: on the host and below sm_90 the pdl flag changes nothing), and each loop's
+    or branch's kind, bound and bodies. None for a recording that is always instantiated again: one
+    with loops or branches keeps the graph's definition, whose conditional handles its condition
+    kernels name, so the backends take it by updating its nodes one by one (``update_whole``), which
+    a captured region's or a collective's child graph cannot be."""
+    if any(isinstance(n.op, ControlNode) for n in nodes):
+        updatable = (Memcpy, Memset, Join, ControlNode)
+        if not all(type(n.op) is KernelLaunch or isinstance(n.op, updatable) for n in levels(nodes)[0]):
+            return None
+    return _shape(nodes, programmatic)
+
+
+def _shape(nodes: Sequence[RecordedNode], programmatic: bool) -> Shape:
+    shape = []
     for node in nodes:
         op = node.op
+        kind: object
         if type(op) is KernelLaunch:
             kind = "kernel"
         elif isinstance(op, (Memcpy, Memset)):
             kind = ("memcpy" if isinstance(op, Memcpy) else "memset") if op.dst.nbytes else "empty"
         elif isinstance(op, Join):
             kind = "empty"
-        elif hasattr(op, "bodies"):  # a ControlNode (scopegraph._control): conditional handles are per definition
-            return None
+        elif isinstance(op, ControlNode):  # its bodies, and where a loop's body sets the condition again
+            bounded = getattr(op, "max_iterations", None) is not None
+            kind = (op.name, bounded, tuple((_shape(b.nodes, programmatic), b.condition_deps) for b in op.bodies))
         else:
             kind = type(op).__name__
         shape.append((kind, node.deps, node.programmatic if programmatic else frozenset()))

@@ -264,3 +264,81 @@ def test_body_handles_of_a_replaced_recording_fail_clearly_too(sg_device: sg.Dev
     with pytest.raises(sg.LifetimeError, match="names a node of a recording that was replaced"):
         assert kept.op is None
     graph.close()
+
+
+def looped(s: sg.Scope, flag: sg.Tensor, x: sg.Tensor, y: sg.Tensor, scale: float, bound: int, extra: int = 0) -> None:
+    """flag = 3; while flag (at most `bound` times): y += scale * x, flag -= 1; then if flag: x += 1
+    (never), else: y += 1, plus `extra` more of it (a new topology of the branch's body)."""
+    s.record(sg.memset(flag.mut(), 3))
+    with s.while_(flag, max_iterations=bound) as body:
+        body.record(library.axpy_op(y.mut(), x, scale))
+        body.record(library.count_down_op(flag.mut()))
+    with s.if_else(flag) as (then, otherwise):
+        then.record(library.add_scalar_op(x.mut(), 1.0))
+        for _ in range(1 + extra):
+            otherwise.record(library.add_scalar_op(y.mut(), 1.0))
+
+
+def test_recording_again_with_loops_and_branches_updates_in_place(sg_device: sg.Device, sg_stream: sg.Stream) -> None:
+    """A recording with loops and branches was always instantiated again. The same topology now
+    goes in place (its nodes updated one by one: a new definition would bring new conditional
+    handles), with the new recording's tensors, scalars, loop counter and bound; a body of another
+    shape is rebuilt. Results match a freshly recorded graph's at each step."""
+    flag = sg_device.zeros((1,), sg.i32, name="flag")
+    x = sg_device.from_numpy(np.arange(N, dtype=np.float32) % 5, name="x")
+    ys = [sg_device.zeros((N,), name=f"y{i}") for i in range(2)]
+
+    def fresh(y: sg.Tensor, scale: float, bound: int, extra: int) -> Any:
+        copy = sg_device.from_numpy(y.numpy())
+        with CudaGraph.scope(sg_stream) as s:
+            looped(s, flag, x, copy, scale, bound, extra)
+        with s.graph as g:
+            g.launch()
+            g.sync()
+        return copy.numpy()
+
+    with CudaGraph.scope(sg_stream) as s:
+        looped(s, flag, x, ys[0], 1.0, 8)
+    graph = s.graph
+    plan = [(1, 2.0, 8, 0), (0, 0.5, 4, 0), (1, -1.0, 5, 1), (1, 3.0, 5, 1)]
+    kinds = []
+    for step, (which, scale, bound, extra) in enumerate(plan):
+        y = ys[which]
+        want = fresh(y, scale, bound, extra)
+        with CudaGraph.scope(sg_stream, into=graph) as s2:
+            looped(s2, flag, x, y, scale, bound, extra)
+        kinds.append(graph.last_update)
+        graph.launch()
+        graph.sync()
+        np.testing.assert_array_equal(y.numpy(), want, err_msg=f"step {step}")
+        assert pinned(y) and not pinned(ys[1 - which])  # the pins moved with the recording
+    assert kinds == ["whole", "whole", "rebuilt", "whole"]
+    # The bound is the new recording's: 3 iterations past a bound of 2 stop the loop and say so.
+    with CudaGraph.scope(sg_stream, into=graph) as s3:
+        looped(s3, flag, x, ys[0], 1.0, 2, 1)
+    assert graph.last_update == "whole"
+    with pytest.raises(sg.LoopLimitError, match="max_iterations=2"):  # the host raises at once, a GPU at sync
+        graph.launch()
+        graph.sync()
+    graph.close()
+    assert_stream_usable(sg_stream)
+
+
+def test_a_recording_with_loops_and_a_captured_region_is_rebuilt() -> None:
+    """Node updates cannot change a captured region's child graph, and a recording with loops goes
+    in place only by node updates: it is instantiated again (decided alike on every backend)."""
+    dev = sg.device("host")
+    stream = dev.stream()
+    flag, y = dev.zeros((1,), sg.i32, name="flag"), dev.zeros((N,), name="y")
+
+    def program(s: sg.Scope) -> None:
+        with s.while_(flag) as body:
+            body.record(library.count_down_op(flag.mut()))
+        with s.capture(writes=[y.mut()], host=lambda out: out.fill(2.0)):
+            pass
+
+    with CudaGraph.scope(stream) as s:
+        program(s)
+    with s.graph as graph, CudaGraph.scope(stream, into=graph) as s2:
+        program(s2)
+    assert graph.last_update == "rebuilt"

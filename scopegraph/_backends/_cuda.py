@@ -53,6 +53,7 @@ from .._errors import CudaError, LaunchResourceError, ScopeGraphError, ScopeStat
 from .._kernel import MAX_DYNAMIC_SHARED_BYTES, Kernel, KernelLaunch
 from .._lifetime import NO_PINS, note_eager_use, queued_on
 from .._ops import GraphNode, Join, Memcpy, Memset, dup, unknown_kind
+from .._params import ParamTable
 from .._pdl import executable_deps
 from .._tensor import Tensor
 
@@ -171,6 +172,11 @@ class _CudaExecutable:
         try:
             if isinstance(op, ControlNode):
                 setter, again, (handle, counter, limit) = self.conditions[index]
+                if isinstance(op, While) and op.max_iterations is not None:
+                    # A new recording's loop (into=) counts in its own counter, to its own bound.
+                    self.bounded = tuple(op if _counter_address(b) == counter else b for b in self.bounded)
+                    counter, limit = _counter_address(op), np.int32(op.max_iterations)
+                    self.conditions[index] = (setter, again, (handle, counter, limit))
                 fn, config = backend._condition_kernel()
                 flag = op.flag.allocation.address + op.flag.offset
                 for node, first, at in ((setter, _FIRST, index), (again, _AGAIN, -1)):  # `again`: in a loop's body
@@ -225,8 +231,19 @@ class _CudaExecutable:
     def update_whole(self, nodes: Sequence[RecordedNode]) -> bool:
         """Whole-graph update from a new recording of the same topology (the caller compared it):
         False when the driver refuses it, and the caller instantiates the recording instead.
-        Recordings with loops or branches are always instantiated again (scopegraph._update.topology),
-        so the definition this graph keeps for updates in bodies is never left behind by this one."""
+        A recording with loops or branches goes in by node updates, slot by slot, with its
+        parameters at their defaults: a new definition would bring new conditional handles, which
+        this graph's condition kernels do not name (the definition kept for updates in bodies
+        takes those node updates too, see _set)."""
+        if any(isinstance(n.op, ControlNode) for n in nodes):
+            flat, _ = levels(nodes)
+            defaults = ParamTable(flat).values
+            try:
+                for slot, rec in enumerate(flat):
+                    self.update_node(slot, rec.op, defaults)
+            except CudaError:
+                return False
+            return True
         backend = self.backend
         backend.make_current()
         with backend.driver_call("building the graph definition"):
@@ -732,8 +749,8 @@ class CudaBackend:
         fn, config = self._condition_kernel()
         flag = op.flag.allocation.address + op.flag.offset
         counter, limit = 0, np.int32(-1)
-        if isinstance(op, While) and op.counter is not None and op.max_iterations is not None:
-            counter = op.counter.allocation.address + op.counter.offset
+        if isinstance(op, While) and op.max_iterations is not None:
+            counter = _counter_address(op)
             limit = np.int32(op.max_iterations)
             built.bounded.append(op)
         setter = parent.launch(config, fn, handle, flag, counter, limit, _FIRST)
@@ -916,6 +933,12 @@ def _node_params(backend: CudaBackend, op: GraphNode, values: Mapping[str, np.ge
 _NO_VALUES: dict[str, np.generic] = {}
 # The condition kernel's `first` argument: before a loop or branch, and at the end of a loop's iteration.
 _FIRST, _AGAIN = np.int32(1), np.int32(0)
+
+
+def _counter_address(loop: While) -> int:
+    """Where a bounded loop counts its iterations (scopegraph._control.sg_condition)."""
+    assert loop.counter is not None  # a loop with max_iterations has a counter
+    return loop.counter.allocation.address + loop.counter.offset
 
 
 def _fill_value(pattern: bytes) -> int | bytes:
