@@ -13,6 +13,7 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from enum import Enum
+from threading import get_ident
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
@@ -133,6 +134,17 @@ def caller(depth: int) -> str:
     return f"{frame.f_code.co_filename}:{frame.f_lineno}"
 
 
+def other_thread(opened_at: str) -> ScopeStateError:
+    """Recording into a scope (or one of its loop and branch bodies) from a thread that did not open it."""
+    return ScopeStateError(
+        diagnostic(
+            "cannot record into a scope from a thread other than the one that opened it",
+            [f"the scope was opened at {opened_at}, on another thread"],
+            help="record from the thread that opened it; other threads may record their own scopes at once",
+        )
+    )
+
+
 class Scope:
     """Records graph nodes on one stream; ``s.graph`` is the instantiated graph after a clean exit."""
 
@@ -173,6 +185,9 @@ class Scope:
         self._params: dict[str, Param[Any]] = {}
         # The loop or branch block open in this scope, if any (see _control): record is refused meanwhile.
         self._inner: Block[object] | Region | None = None
+        # The thread that opened the scope, the only one that may record into it: the tracker's
+        # state is not guarded against two threads recording at once (edges would go missing).
+        self.thread = 0
 
     def __repr__(self) -> str:
         return f"<Scope on stream #{self.stream.id}, {len(self._nodes)} nodes, {self._state.value}>"
@@ -192,12 +207,13 @@ class Scope:
                     help="finish the outer scope first, or record the inner work on another stream",
                 )
             )
+        self.thread = get_ident()
         self._state = _State.OPEN
         return self
 
     def record(self, op: GraphNode) -> RecordedNode:
         """Add ``op`` to the graph; returns a handle naming the node. Only GraphNode ops are accepted."""
-        if self._state is not _OPEN or self._inner is not None:
+        if self._state is not _OPEN or self._inner is not None or get_ident() != self.thread:
             raise self._not_recording()
         if not isinstance(op, GraphNode):
             raise _not_a_graph_node(op)
@@ -220,6 +236,8 @@ class Scope:
         return node
 
     def _not_recording(self) -> Exception:
+        if self._state is _OPEN and get_ident() != self.thread:
+            return other_thread(self.opened_at)
         if self._inner is not None and self._state is _OPEN:
             return self._inner.busy("record into the scope")
         return ScopeStateError(

@@ -11,8 +11,11 @@ Tested here, on every backend (``sg_device``):
   temporary ends at exactly the number of launches.
 - Threads that only read shared (frozen) tensors can replay their own graphs over them.
 
-Not promised (and not tested): one scope recorded into from two threads, or one stream used by
-two threads for unordered work; record per thread, on a stream of its own.
+- A scope is recorded into only by the thread that opened it: another thread's record, loop,
+  branch or captured region (in a body too) is a ScopeStateError, and the scope goes on.
+
+Not promised (and not tested): one stream used by two threads for unordered work; record per
+thread, on a stream of its own.
 
 The switch interval is shortened while these tests run, so threads interleave between the
 library's Python steps instead of running whole launches in one time slice.
@@ -24,6 +27,7 @@ import sys
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from threading import Barrier
+from typing import Any
 
 import numpy as np
 import pytest
@@ -154,3 +158,35 @@ def test_threads_update_and_launch_one_graph(sg_device: sg.Device) -> None:
     graph.sync()
     np.testing.assert_array_equal(total.numpy(), float(THREADS * rounds))
     graph.close()
+
+
+def test_only_the_thread_that_opened_a_scope_records_into_it(sg_device: sg.Device, sg_stream: sg.Stream) -> None:
+    """The tracker's state is not guarded against two threads recording at once (edges would go
+    missing): another thread is refused at its first step, and the scope builds what its own
+    thread recorded."""
+    x, flag = sg_device.zeros((16,), name="x"), sg_device.zeros((1,), sg.i32, name="flag")
+    other_thread = r"(?s)cannot record into a scope from a thread other than the one that opened it.*help: record from"
+
+    def from_another_thread(step: Callable[[], object]) -> None:
+        with ThreadPoolExecutor(1) as pool, pytest.raises(sg.ScopeStateError, match=other_thread):
+            pool.submit(step).result(timeout=TIMEOUT_S)
+
+    def open_and_enter(block: Callable[[], Any]) -> Callable[[], object]:
+        return lambda: block().__enter__()
+
+    with CudaGraph.scope(sg_stream) as s:
+        s.record(library.add_scalar_op(x.mut(), 1.0))
+        from_another_thread(lambda: s.record(library.add_scalar_op(x.mut(), 1.0)))
+        from_another_thread(open_and_enter(lambda: s.while_(flag)))
+        from_another_thread(open_and_enter(lambda: s.if_(flag)))
+        from_another_thread(open_and_enter(lambda: s.capture(writes=[x.mut()], host=lambda out: None)))
+        with s.if_(flag) as then:
+            from_another_thread(lambda: then.record(library.add_scalar_op(x.mut(), 1.0)))
+            then.record(library.add_scalar_op(x.mut(), 1.0))
+        s.record(library.add_scalar_op(x.mut(), 1.0))
+    with s.graph as graph:
+        assert len(graph.nodes) == 3
+        graph.launch()
+        graph.sync()
+    np.testing.assert_array_equal(x.numpy(), np.full(16, 2.0, np.float32))  # flag 0: the branch is skipped
+    assert_stream_usable(sg_stream)
