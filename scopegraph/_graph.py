@@ -29,7 +29,16 @@ from ._params import ParamTable
 from ._scope import RecordedNode, Scope, caller, supersede
 from ._stream import Stream
 from ._tensor import Tensor
-from ._update import Structure, all_borrows, check_rebind, commit, plan_rebind, topology, update_executable
+from ._update import (
+    Structure,
+    all_borrows,
+    check_rebind,
+    commit,
+    plan_rebind,
+    take_in_place,
+    topology,
+    update_executable,
+)
 
 if TYPE_CHECKING:
     from ._backends._base import Executable
@@ -260,7 +269,8 @@ class CudaGraph:
             if exe is None:
                 raise self._closed_error("record into")
             shape = topology(nodes, exe.pdl)
-            if shape is not None and shape == topology(self._nodes, exe.pdl) and exe.update_whole(nodes):
+            same = shape is not None and shape == topology(self._nodes, exe.pdl)
+            if same and take_in_place(exe, self._param_table(), nodes):
                 self.last_update = "whole"
             else:
                 rebuilt = stream.device.backend.build(nodes, stream)

@@ -39,9 +39,10 @@ from typing import TYPE_CHECKING, Any
 
 from ._borrow import Borrow
 from ._control import ControlNode, Level, levels
-from ._errors import BorrowError, SignatureError, diagnostic
+from ._errors import BorrowError, CudaError, SignatureError, diagnostic
 from ._kernel import KernelLaunch
 from ._ops import GraphNode, Join, Memcpy, Memset
+from ._params import ParamTable
 from ._pdl import check_programmatic, executable_deps
 from ._tensor import Mut, Tensor
 
@@ -407,7 +408,7 @@ def topology(nodes: Sequence[RecordedNode], programmatic: bool) -> Shape | None:
     or branch's kind, bound and bodies. None for a recording that is always instantiated again: one
     with loops or branches keeps the graph's definition, whose conditional handles its condition
     kernels name, so the backends take it by updating its nodes one by one (``update_whole``), which
-    a captured region's or a collective's child graph cannot be."""
+    a captured region's or a collective's child graph cannot be (:func:`take_in_place`)."""
     if any(isinstance(n.op, ControlNode) for n in nodes):
         updatable = (Memcpy, Memset, Join, ControlNode)
         if not all(type(n.op) is KernelLaunch or isinstance(n.op, updatable) for n in levels(nodes)[0]):
@@ -433,3 +434,21 @@ def _shape(nodes: Sequence[RecordedNode], programmatic: bool) -> Shape:
             kind = type(op).__name__
         shape.append((kind, node.deps, node.programmatic if programmatic else frozenset()))
     return tuple(shape)
+
+
+def take_in_place(exe: Executable, old: ParamTable, nodes: Sequence[RecordedNode]) -> bool:
+    """Make ``exe`` run ``nodes``, a recording of its topology (the caller compared them), with its
+    parameters at their defaults; ``old`` is the graph's table (its recording and current values).
+    False when the backend refuses, with ``exe`` as it was: the caller instantiates the recording.
+    A recording with loops or branches goes in by node updates, slot by slot and all or nothing
+    (:func:`update_executable`): a new definition would bring new conditional handles, which the
+    executable's condition kernels do not name."""
+    if not any(isinstance(n.op, ControlNode) for n in nodes):
+        return exe.update_whole(nodes)
+    flat, _ = levels(nodes)
+    ops = {slot: rec.op for slot, rec in enumerate(flat)}
+    try:
+        update_executable(exe, old.flat, ops, ParamTable(flat).values, old.values, ops)
+    except CudaError:
+        return False
+    return True

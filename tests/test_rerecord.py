@@ -342,3 +342,51 @@ def test_a_recording_with_loops_and_a_captured_region_is_rebuilt() -> None:
     with s.graph as graph, CudaGraph.scope(stream, into=graph) as s2:
         program(s2)
     assert graph.last_update == "rebuilt"
+
+
+@pytest.mark.parametrize("build_fails", [False, True])
+def test_a_refused_node_update_of_a_looped_recording_leaves_the_graph_as_it_was(
+    sg_device: sg.Device, sg_stream: sg.Stream, monkeypatch: pytest.MonkeyPatch, build_fails: bool
+) -> None:
+    """A recording with loops goes in by node updates; one the backend refuses part way (a driver
+    may) puts back the ones made, and the recording is instantiated instead. If that fails too,
+    the graph is exactly as it was: it runs and pins the old recording's tensors, not the new."""
+    flag = sg_device.zeros((1,), sg.i32, name="flag")
+    x = sg_device.from_numpy(np.arange(N, dtype=np.float32) % 5, name="x")
+    y_old, y_new = sg_device.zeros((N,), name="y_old"), sg_device.zeros((N,), name="y_new")
+    with CudaGraph.scope(sg_stream) as s:
+        looped(s, flag, x, y_old, 1.0, 8)
+    graph = s.graph
+    exe = graph.executable
+    real_update = exe.update_node
+    updated: list[int] = []
+
+    def refuse_the_sixth(index: int, op: Any, values: Any) -> None:
+        updated.append(index)
+        if len(updated) == 6:  # after the loop body's nodes: they would write y_new
+            raise sg.CudaError("a node update", "CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE")
+        real_update(index, op, values)
+
+    monkeypatch.setattr(exe, "update_node", refuse_the_sixth)
+    if build_fails:
+
+        def out_of_memory(*args: object) -> None:
+            raise sg.CudaError("instantiating the graph", "CUDA_ERROR_OUT_OF_MEMORY")
+
+        monkeypatch.setattr(sg_device.backend, "build", out_of_memory)
+        with pytest.raises(sg.CudaError, match="OUT_OF_MEMORY"), CudaGraph.scope(sg_stream, into=graph) as s2:
+            looped(s2, flag, x, y_new, 2.0, 8)
+        assert graph.executable is exe and graph.last_update is None and pinned(y_old) and not pinned(y_new)
+        assert updated[6:] == [0, 1, 2, 3, 4, 5]  # the updates made before the refusal, and the refused one, put back
+    else:
+        with CudaGraph.scope(sg_stream, into=graph) as s2:
+            looped(s2, flag, x, y_new, 2.0, 8)
+        assert graph.last_update == "rebuilt" and graph.executable is not exe and pinned(y_new) and not pinned(y_old)
+    monkeypatch.undo()
+    graph.launch()
+    graph.sync()
+    written, untouched = (y_old, y_new) if build_fails else (y_new, y_old)
+    scale = 1.0 if build_fails else 2.0
+    np.testing.assert_array_equal(written.numpy(), 3 * scale * (np.arange(N, dtype=np.float32) % 5) + 1)
+    np.testing.assert_array_equal(untouched.numpy(), np.zeros(N, np.float32))
+    graph.close()

@@ -53,7 +53,6 @@ from .._errors import CudaError, LaunchResourceError, ScopeGraphError, ScopeStat
 from .._kernel import MAX_DYNAMIC_SHARED_BYTES, Kernel, KernelLaunch
 from .._lifetime import NO_PINS, note_eager_use, queued_on
 from .._ops import GraphNode, Join, Memcpy, Memset, dup, unknown_kind
-from .._params import ParamTable
 from .._pdl import executable_deps
 from .._tensor import Tensor
 
@@ -231,19 +230,8 @@ class _CudaExecutable:
     def update_whole(self, nodes: Sequence[RecordedNode]) -> bool:
         """Whole-graph update from a new recording of the same topology (the caller compared it):
         False when the driver refuses it, and the caller instantiates the recording instead.
-        A recording with loops or branches goes in by node updates, slot by slot, with its
-        parameters at their defaults: a new definition would bring new conditional handles, which
-        this graph's condition kernels do not name (the definition kept for updates in bodies
-        takes those node updates too, see _set)."""
-        if any(isinstance(n.op, ControlNode) for n in nodes):
-            flat, _ = levels(nodes)
-            defaults = ParamTable(flat).values
-            try:
-                for slot, rec in enumerate(flat):
-                    self.update_node(slot, rec.op, defaults)
-            except CudaError:
-                return False
-            return True
+        Recordings with loops or branches come by node updates instead (scopegraph._update.take_in_place):
+        a new definition would bring new conditional handles, which this graph's condition kernels do not name."""
         backend = self.backend
         backend.make_current()
         with backend.driver_call("building the graph definition"):

@@ -275,16 +275,24 @@ class _HostGraph:
         # graph or body sub-graph, and the node's index there; and the sub-graph of each body.
         self.places: list[tuple[_HostGraph, int]] = []
         self.bodies: dict[Body, _HostGraph] = {}
+        # The sub-graphs of each loop's or branch's bodies, by the loop's slot: a node update may
+        # bring the same loop from a new recording (into=), whose bodies then run in them.
+        self.body_graphs: dict[int, list[_HostGraph]] = {}
 
     def load(self, nodes: Sequence[RecordedNode]) -> _HostGraph:
         """Bind the recording's nodes, bodies included, each to its sub-graph (parameters at their defaults)."""
-        _, found = levels(nodes)
+        flat, found = levels(nodes)
         graphs = [self] + [_HostGraph([], [n.deps for n in level.nodes]) for level in found[1:]]
         self.deps = [n.deps for n in nodes]
         self.bodies = {level.body: g for level, g in zip(found, graphs, strict=True) if level.body is not None}
         for level, g in zip(found, graphs, strict=True):
             g.thunks = [_thunk(n.op, None, self.bodies) for n in level.nodes]
         self.places = [(g, i) for level, g in zip(found, graphs, strict=True) for i in range(len(level.nodes))]
+        self.body_graphs = {
+            slot: [self.bodies[b] for b in rec.op.bodies]
+            for slot, rec in enumerate(flat)
+            if isinstance(rec.op, ControlNode)
+        }
         return self
 
     def order(self) -> list[int]:
@@ -318,6 +326,7 @@ class _HostGraph:
         self.deps = []
         self.places = []
         self.bodies = {}
+        self.body_graphs = {}
 
     # -- changes (scopegraph._params and _rebind): what the CUDA backend does with node and whole-graph updates
 
@@ -326,6 +335,11 @@ class _HostGraph:
         (the same kind of node) with these parameter values. A loop or branch keeps its bodies'
         sub-graphs and reads its (new) flag."""
         graph, i = self.places[index]
+        if isinstance(op, ControlNode):  # its bodies (a new recording's, after into=) run in its sub-graphs
+            graphs = self.body_graphs[index]
+            for body in [b for b, g in self.bodies.items() if g in graphs]:
+                del self.bodies[body]
+            self.bodies.update(zip(op.bodies, graphs, strict=True))
         graph.thunks[i] = _thunk(op, values, self.bodies)
 
     def update_whole(self, nodes: Sequence[RecordedNode]) -> bool:
