@@ -390,3 +390,46 @@ def test_a_refused_node_update_of_a_looped_recording_leaves_the_graph_as_it_was(
     np.testing.assert_array_equal(written.numpy(), 3 * scale * (np.arange(N, dtype=np.float32) % 5) + 1)
     np.testing.assert_array_equal(untouched.numpy(), np.zeros(N, np.float32))
     graph.close()
+
+
+def test_a_looped_graph_taken_in_place_takes_params_rebinds_and_more_recordings(
+    sg_device: sg.Device, sg_stream: sg.Stream
+) -> None:
+    """After a loop's recording went in place, the graph's later changes act on it: a parameter in
+    the loop's nested body, a rebind of the tensor it writes, and one more recording in place."""
+    flag, inner = sg_device.zeros((1,), sg.i32, name="flag"), sg_device.zeros((1,), sg.i32, name="inner")
+    x = sg_device.from_numpy(np.arange(N, dtype=np.float32) % 3, name="x")
+    ys = [sg_device.zeros((N,), name=f"y{i}") for i in range(3)]
+
+    def program(s: sg.Scope, y: sg.Tensor) -> None:
+        """flag = 2; while flag: (inner = 2; while inner: y += scale * x, inner -= 1), flag -= 1."""
+        s.record(sg.memset(flag.mut(), 2))
+        with s.while_(flag, max_iterations=4) as outer:
+            outer.record(sg.memset(inner.mut(), 2))
+            with outer.while_(inner) as body:
+                body.record(library.axpy[1, N](y.mut(), x, sg.Param("scale", sg.f32, 1.0), N))
+                body.record(library.count_down_op(inner.mut()))
+            outer.record(library.count_down_op(flag.mut()))
+
+    def replay(graph: CudaGraph, scale: float | None = None) -> None:
+        graph.launch() if scale is None else graph.launch(scale=scale)
+        graph.sync()
+
+    with CudaGraph.scope(sg_stream) as s:
+        program(s, ys[0])
+    graph = s.graph
+    with CudaGraph.scope(sg_stream, into=graph) as s2:
+        program(s2, ys[1])
+    assert graph.last_update == "whole" and graph.params == {"scale": np.float32(1.0)}
+    x_np = x.numpy()
+    replay(graph, scale=0.5)  # 4 iterations in all: y1 = 4 * 0.5 * x
+    graph.rebind({ys[1]: ys[2]})
+    replay(graph)  # scale stays 0.5: y2 = 2 * x
+    with CudaGraph.scope(sg_stream, into=graph) as s3:
+        program(s3, ys[0])
+    assert graph.last_update == "whole"
+    replay(graph)  # scale back at its default: y0 = 4 * x
+    for y, want in zip(ys, (4 * x_np, 2 * x_np, 2 * x_np), strict=True):
+        np.testing.assert_array_equal(y.numpy(), want)
+    assert pinned(ys[0]) and not pinned(ys[1]) and not pinned(ys[2])
+    graph.close()
