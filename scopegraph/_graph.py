@@ -23,7 +23,7 @@ import numpy as np
 
 from ._control import ControlNode
 from ._errors import LifetimeError, NotAGraphNodeError, SignatureError, diagnostic
-from ._lifetime import SHARED_REPLAYS, Pin, order_replay, repin, sharers
+from ._lifetime import SHARED_REPLAYS, Pin, order_replay, ordered_already, repin, sharers
 from ._ops import GraphNode
 from ._params import ParamTable
 from ._scope import RecordedNode, Scope, caller, supersede
@@ -136,14 +136,17 @@ class CudaGraph:
                 self._set_params(exe, params)
             stream.last_work = self.id
             self._last_launch = stream
-            if self._ordered and sharers(self._pin):
-                with SHARED_REPLAYS:
-                    order_replay(self._pin, stream.native, stream.device.backend)
-                    exe.launch(stream)
-            else:
-                if self._ordered:
-                    order_replay(self._pin, stream.native, stream.device.backend)
-                exe.launch(stream)
+            if self._ordered:
+                pin, native = self._pin, stream.native
+                if sharers(pin):
+                    with SHARED_REPLAYS:
+                        if not ordered_already(pin, native):
+                            order_replay(pin, native, stream.device.backend)
+                        exe.launch(stream)
+                    return
+                if not ordered_already(pin, native):
+                    order_replay(pin, native, stream.device.backend)
+            exe.launch(stream)
 
     def update(self, op: GraphNode) -> None:
         """Run ``op`` on the graph's stream now, ordered after earlier replays (on any stream) and

@@ -289,6 +289,20 @@ def sharers(pin: Pin) -> list[Pin]:
     return pin.sharers
 
 
+def ordered_already(pin: Pin, native_stream: object) -> bool:
+    """Whether a replay of ``pin``'s graph on ``native_stream`` has nothing to wait for and nothing
+    to note (``order_replay`` would change nothing): its last replay was on that stream, no eager
+    work touched its memory since, and every graph sharing its memory (``sharers``, made first)
+    last replayed there too, or that stream waited for it. The launch's hot path."""
+    if pin.last_stream is not native_stream or pin.pending or pin.caught_up:
+        return False
+    for sharer in pin.sharers:
+        last = sharer.last_stream
+        if last is not None and last is not native_stream and native_stream not in sharer.caught_up:
+            return False
+    return True
+
+
 def order_replay(pin: Pin, native_stream: object, backend: Backend) -> None:
     """Make ``native_stream`` wait for what must precede a replay of ``pin``'s graph on it (with
     SHARED_REPLAYS held, when ``pin`` has sharers)."""
