@@ -24,11 +24,11 @@ import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable
-from typing import Any, Generic, SupportsIndex, TypeVar
+from typing import Any, Generic, NoReturn, SupportsIndex, TypeVar
 
 import numpy as np
 
-from ._errors import SignatureError, diagnostic
+from ._errors import SignatureError, diagnostic, not_copyable
 from ._graph import CudaGraph
 from ._scope import Scope, checked_order
 from ._stream import Stream
@@ -129,6 +129,12 @@ class GraphCache(Generic[K]):
         with self._lock:
             self._forget_closed()
             return list(self._graphs)
+
+    def __reduce_ex__(self, protocol: SupportsIndex) -> NoReturn:  # copy.copy, copy.deepcopy, pickle
+        raise not_copyable(
+            "a GraphCache",
+            "share the cache itself (get() takes a lock), or make another: sg.GraphCache(stream, record)",
+        )
 
     def __repr__(self) -> str:
         return (

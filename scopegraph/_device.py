@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import os
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn, SupportsIndex
 
 import numpy as np
 
@@ -18,7 +18,7 @@ from . import _stream
 from ._allocation import Allocation, MemoryMap
 from ._driver import cuda_device_count
 from ._dtypes import DTypeLike, as_dtype, float32
-from ._errors import CudaError, SignatureError, diagnostic
+from ._errors import CudaError, SignatureError, diagnostic, not_copyable
 from ._lifetime import track
 from ._ops import _shape
 from ._ops import zeros as zeros_op
@@ -41,6 +41,16 @@ class Device:
         self._setup_stream: Stream | None = None
         # Live allocations by address: memory identity (see _allocation).
         self.memory = MemoryMap()
+
+    # One Device per device (sg.device): a copy is the device itself.
+    def __copy__(self) -> Device:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, object]) -> Device:
+        return self
+
+    def __reduce_ex__(self, protocol: SupportsIndex) -> NoReturn:  # pickle
+        raise not_copyable(f"device {self}", f"call sg.device({str(self)!r}) in the other process")
 
     def __repr__(self) -> str:
         return f"sg.device({str(self)!r})"

@@ -24,6 +24,22 @@ class NotAGraphNodeError(ScopeGraphError, TypeError):
     """``Scope.record`` got something that is not a graph node (an allocation op, or not an op)."""
 
 
+class NotCopyableError(ScopeGraphError, TypeError):
+    """``copy.copy``, ``copy.deepcopy`` or ``pickle`` of an object that stands for device state of
+    this process (a tensor's memory, a graph's executable). A ``TypeError`` too, as pickle's own
+    refusals are."""
+
+
+def not_copyable(what: str, help: str) -> NotCopyableError:
+    return NotCopyableError(
+        diagnostic(
+            f"cannot copy or pickle {what}",
+            ["it stands for device state of this process, which a copy would share or lose"],
+            help=help,
+        )
+    )
+
+
 class BorrowError(ScopeGraphError):
     """One op borrows overlapping memory mutably twice, or mutably and shared; or writes frozen memory."""
 

@@ -17,12 +17,12 @@ import threading
 import weakref
 from collections.abc import Mapping
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, NoReturn, Self, SupportsIndex
 
 import numpy as np
 
 from ._control import ControlNode
-from ._errors import LifetimeError, NotAGraphNodeError, SignatureError, diagnostic
+from ._errors import LifetimeError, NotAGraphNodeError, SignatureError, diagnostic, not_copyable
 from ._lifetime import SHARED_REPLAYS, Pin, order_replay, ordered_already, repin, sharers
 from ._ops import GraphNode
 from ._params import ParamTable
@@ -331,6 +331,14 @@ class CudaGraph:
             if not self.executable.pdl:
                 return []
             return [(d, n.index) for n in self.nodes for d in sorted(n.programmatic)]
+
+    def __reduce_ex__(self, protocol: SupportsIndex) -> NoReturn:  # copy.copy, copy.deepcopy, pickle
+        # A copy would share the executable and the pins: closing one would leave the other
+        # replaying a destroyed graph.
+        raise not_copyable(
+            f"graph #{self.id}",
+            "share the graph object itself (threads may launch it), or record another: CudaGraph.scope(stream)",
+        )
 
     def __repr__(self) -> str:
         state = "closed" if self._exec is None else f"{len(self._nodes)} nodes"

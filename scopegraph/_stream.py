@@ -11,10 +11,10 @@ import numbers
 import threading
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, SupportsIndex, TypeVar
 
 from ._borrow import check_frozen
-from ._errors import NotAGraphNodeError, ScopeStateError, SignatureError, diagnostic
+from ._errors import NotAGraphNodeError, ScopeStateError, SignatureError, diagnostic, not_copyable
 from ._ops import GraphNode, Op, not_an_op
 
 if TYPE_CHECKING:
@@ -61,6 +61,16 @@ class Stream:
         if native is not None:
             with _by_handle_lock:
                 _by_handle.setdefault(_key(device, native), self)
+
+    # One Stream per CUDA stream (see from_handle): a copy is the stream itself.
+    def __copy__(self) -> Stream:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, object]) -> Stream:
+        return self
+
+    def __reduce_ex__(self, protocol: SupportsIndex) -> NoReturn:  # pickle
+        raise not_copyable(f"stream #{self.id} on {self.device}", "make one in the other process: dev.stream()")
 
     def __repr__(self) -> str:
         return f"<Stream #{self.id} on {self.device}>"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar, final
+from typing import TYPE_CHECKING, Any, Final, Generic, NoReturn, SupportsIndex, TypeVar, final
 
 import numpy as np
 
@@ -22,6 +22,7 @@ from ._errors import (
     ScopeStateError,
     SignatureError,
     diagnostic,
+    not_copyable,
 )
 from ._lifetime import pins_writing
 
@@ -101,6 +102,13 @@ class Tensor:
     @property
     def byte_range(self) -> tuple[int, int]:
         return self.offset, self.offset + self.nbytes
+
+    def __reduce_ex__(self, protocol: SupportsIndex) -> NoReturn:  # copy.copy, copy.deepcopy, pickle
+        raise not_copyable(
+            f"tensor `{self.name}`",
+            "a device copy: stream.run(sg.dup(t)); host data: t.numpy(), and dev.from_numpy(a) back; "
+            "the same memory under another name: t itself, or t.view(t.shape)",
+        )
 
     def __repr__(self) -> str:
         state = " freed" if self._alloc.freed else ""

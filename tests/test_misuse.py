@@ -10,7 +10,9 @@ built no graph and left nothing pinned, and that the same stream then runs a val
 from __future__ import annotations
 
 import contextlib
+import copy
 import gc
+import pickle
 from collections.abc import Callable
 from typing import Annotated, Any
 
@@ -1168,6 +1170,42 @@ def scope_ends_with_a_loop_open(c: Ctx) -> None:
         body.record(sg.memset(y.mut(), 1.0))
 
 
+# -- NotCopyableError: copies and pickles of device state ------------------------------------------
+
+
+def _graph_still_replays(c: Ctx, exc: BaseException) -> None:
+    (graph,) = c.graphs
+    graph.launch()
+    graph.sync()
+    assert not graph.closed
+
+
+@case("NotCopyableError", r"cannot copy or pickle tensor `w`", r"sg\.dup")
+def deepcopy_a_tensor(c: Ctx) -> None:
+    """copy.deepcopy of a tensor (as of a model that holds its weights)."""
+    copy.deepcopy({"w": c.zeros(4, "w")})
+
+
+@case("NotCopyableError", r"cannot copy or pickle graph #\d+", r"share the graph", check=_graph_still_replays)
+def copy_a_graph(c: Ctx) -> None:
+    """copy.copy of a graph: the copy would share its executable, and closing one would leave the
+    other replaying a destroyed graph."""
+    x = c.zeros(4, "x")
+    copy.copy(c.graph(library.add_scalar_op(x.mut(), 1.0)))
+
+
+@case("NotCopyableError", r"cannot copy or pickle stream", r"dev\.stream\(\)")
+def pickle_a_stream(c: Ctx) -> None:
+    """pickle.dumps of a stream (to send it to another process)."""
+    pickle.dumps(c.stream)
+
+
+@case("NotCopyableError", r"cannot copy or pickle a GraphCache", r"share the cache")
+def deepcopy_a_graph_cache(c: Ctx) -> None:
+    """copy.deepcopy of a GraphCache."""
+    copy.deepcopy(sg.GraphCache(c.stream, lambda s, key: None))
+
+
 # -- host backend: a reference that reads or writes out of range ------------------------------------
 
 
@@ -1492,3 +1530,11 @@ def test_misuse_cuda(case: Case, monkeypatch: pytest.MonkeyPatch) -> None:
         run_case(case, dev, stream, monkeypatch)
     finally:
         stream.sync()
+
+
+def test_a_copy_of_a_stream_or_a_device_is_itself(sg_device: sg.Device, sg_stream: sg.Stream) -> None:
+    """One Stream per CUDA stream and one Device per device (a second wrapper of a recording stream
+    would take eager work unrefused): copies return the object itself, as a deep copy of a model
+    holding them needs; pickling them is refused (see the cases above)."""
+    for obj in (sg_device, sg_stream):
+        assert copy.copy(obj) is obj and copy.deepcopy([obj])[0] is obj
