@@ -23,7 +23,7 @@ import numpy as np
 
 from ._control import ControlNode
 from ._errors import LifetimeError, NotAGraphNodeError, SignatureError, diagnostic, not_copyable
-from ._lifetime import SHARED_REPLAYS, Pin, order_replay, ordered_already, repin, sharers
+from ._lifetime import SHARED_REPLAYS, Pin, order_replay, ordered_already, repin, replay_queued, sharers
 from ._ops import GraphNode
 from ._params import ParamTable
 from ._scope import RecordedNode, Scope, caller, supersede
@@ -143,10 +143,14 @@ class CudaGraph:
                         if not ordered_already(pin, native):
                             order_replay(pin, native, stream.device.backend)
                         exe.launch(stream)
+                        replay_queued(pin)
                     return
                 if not ordered_already(pin, native):
                     order_replay(pin, native, stream.device.backend)
-            exe.launch(stream)
+                exe.launch(stream)
+                replay_queued(pin)
+            else:
+                exe.launch(stream)
 
     def update(self, op: GraphNode) -> None:
         """Run ``op`` on the graph's stream now, ordered after earlier replays (on any stream) and

@@ -294,7 +294,7 @@ def ordered_already(pin: Pin, native_stream: object) -> bool:
     to note (``order_replay`` would change nothing): its last replay was on that stream, no eager
     work touched its memory since, and every graph sharing its memory (``sharers``, made first)
     last replayed there too, or that stream waited for it. The launch's hot path."""
-    if pin.last_stream is not native_stream or pin.pending or pin.caught_up:
+    if pin.last_stream is not native_stream or pin.pending:
         return False
     for sharer in pin.sharers:
         last = sharer.last_stream
@@ -319,9 +319,15 @@ def order_replay(pin: Pin, native_stream: object, backend: Backend) -> None:
             if other is not native_stream and other is not last:
                 backend.wait_stream(native_stream, other)
     pin.last_stream = native_stream
-    if pin.caught_up:  # a new replay: other streams have not waited for it yet (a new set: an eager
-        pin.caught_up = set()  # thread that read the old one before this replay adds to that one)
     pin.replayed_on.add(native_stream)
+
+
+def replay_queued(pin: Pin) -> None:
+    """A replay of ``pin``'s graph is now enqueued: no other stream has waited for it yet. A new
+    set, made after the launch: an eager thread that read the old one and waited before the launch
+    (for the replay before) adds to that one, also when it was empty; this replay's readers and
+    writers on other streams then wait for it (``_after_replay``)."""
+    pin.caught_up = set()
 
 
 def track(alloc: Allocation, memory_map: MemoryMap) -> None:

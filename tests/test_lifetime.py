@@ -124,11 +124,20 @@ def test_frozen_bytes_stay_frozen_exactly_while_a_wrapper_covers_them() -> None:
     np.testing.assert_array_equal(base, [*range(8), *[-1] * 8])
 
 
+def replayed(pin: Any, stream: str, backend: Any) -> None:
+    """What graph.launch does for ordering on a GPU (streams by name): order, launch, then note the
+    replay queued."""
+    from scopegraph._lifetime import order_replay, replay_queued
+
+    order_replay(pin, stream, backend)
+    replay_queued(pin)
+
+
 def test_graphs_that_share_written_memory_follow_each_others_replays() -> None:
     """Which graphs a replay waits for (on a GPU, when they last ran on another stream): those that
     share memory with it where either writes, not those that share only what both read; and the
     list follows graphs being built, re-pinned and closed."""
-    from scopegraph._lifetime import _sharers_of, order_replay
+    from scopegraph._lifetime import _sharers_of
 
     dev = sg.device("host")
     stream = dev.stream()
@@ -149,30 +158,30 @@ def test_graphs_that_share_written_memory_follow_each_others_replays() -> None:
     assert _sharers_of(pins[bystander]) == []  # weights are read by all: no order needed
     waits: list[tuple[str, str]] = []
     backend: Any = types.SimpleNamespace(wait_stream=lambda stream, last: waits.append((stream, last)))
-    order_replay(pins[writer], "a", backend)  # what order_replay does on a GPU, with streams by name
-    order_replay(pins[reader], "b", backend)
-    order_replay(pins[bystander], "c", backend)
+    replayed(pins[writer], "a", backend)  # what a launch does on a GPU, with streams by name
+    replayed(pins[reader], "b", backend)
+    replayed(pins[bystander], "c", backend)
     assert waits == [("b", "a")]
     reader.rebind({cache: other})  # now reads `other`, which the bystander writes
     assert _sharers_of(pins[writer]) == [] and _sharers_of(pins[reader]) == [pins[bystander]]
     # The writer's next replay: its own last one, and the reader's on "b", which read `cache` until
     # the rebind (it may still run), but not later reader replays (they no longer touch `cache`).
-    order_replay(pins[writer], "d", backend)
-    order_replay(pins[bystander], "e", backend)
+    replayed(pins[writer], "d", backend)
+    replayed(pins[bystander], "e", backend)
     assert waits == [("b", "a"), ("d", "a"), ("d", "b"), ("e", "b"), ("e", "c")]
     bystander.close()  # its replay on "e" may still run: the reader's next replay waits for it
     assert _sharers_of(pins[reader]) == []
     del waits[:]
-    order_replay(pins[reader], "f", backend)
+    replayed(pins[reader], "f", backend)
     assert set(waits) == {("f", "b"), ("f", "e")}
     reader.rebind({other: cache})  # back to `cache`: the bystander is gone, the writer shares again
     del waits[:]
-    order_replay(pins[writer], "g", backend)
+    replayed(pins[writer], "g", backend)
     assert set(waits) == {("g", "f"), ("g", "d")}
     writer.rebind({cache: out})  # moves off `cache` while its replay on "g" may still run
     assert pins[writer].written == {out.allocation.id}  # what it writes now, for its sharers
     del waits[:]
-    order_replay(pins[reader], "h", backend)
+    replayed(pins[reader], "h", backend)
     assert ("h", "g") in waits
 
 
@@ -181,7 +190,7 @@ def test_a_replay_between_eager_works_note_and_its_enqueue_does_not_use_up_the_w
     must wait for, then the eager work is enqueued: the replay after it must wait for S2. Noting
     S2 as pending before the enqueue let the first replay use it up (a wait for nothing yet
     queued), and the next replay waited for nothing at all."""
-    from scopegraph._lifetime import note_eager_use, order_replay, queued_on
+    from scopegraph._lifetime import note_eager_use, queued_on
 
     dev = sg.device("host")
     x = dev.zeros((8,), name="x")
@@ -191,10 +200,10 @@ def test_a_replay_between_eager_works_note_and_its_enqueue_does_not_use_up_the_w
     waits: list[tuple[str, str]] = []
     backend: Any = types.SimpleNamespace(wait_stream=lambda stream, last: waits.append((stream, last)))
     pins = note_eager_use(sg.memset(x.mut(), 2.0).borrows, "S2", backend)  # thread B, about to enqueue
-    order_replay(pin, "S1", backend)  # thread A's replay meanwhile: nothing of S2 queued yet
+    replayed(pin, "S1", backend)  # thread A's replay meanwhile: nothing of S2 queued yet
     queued_on(pins, "S2")  # thread B's work is enqueued
     waits.clear()
-    order_replay(pin, "S1", backend)  # thread A's next replay
+    replayed(pin, "S1", backend)  # thread A's next replay
     assert waits == [("S1", "S2")]
     s.graph.close()
 
@@ -204,7 +213,7 @@ def test_eager_work_on_memory_a_graph_let_go_waits_for_its_last_replay(how: str)
     """A graph's last replay (on stream "a") may still read `x` when a rebind or a new recording
     moves the graph off it: eager work on `x` from another stream waits for that replay, as after
     close() (a rebind forgot it: the GPU then overwrote what the replay was still reading)."""
-    from scopegraph._lifetime import note_eager_use, order_replay
+    from scopegraph._lifetime import note_eager_use
 
     dev = sg.device("host")
     x, x2, out = dev.zeros((8,), name="x"), dev.zeros((8,), name="x2"), dev.zeros((8,), name="out")
@@ -213,7 +222,7 @@ def test_eager_work_on_memory_a_graph_let_go_waits_for_its_last_replay(how: str)
     graph = s.graph
     waits: list[tuple[str, str]] = []
     backend: Any = types.SimpleNamespace(wait_stream=lambda stream, last: waits.append((stream, last)))
-    order_replay(graph._pin, "a", backend)  # what a replay on stream "a" does on a GPU
+    replayed(graph._pin, "a", backend)  # what a replay on stream "a" does on a GPU
     if how == "rebind":
         graph.rebind({x: x2})
     else:
@@ -222,3 +231,30 @@ def test_eager_work_on_memory_a_graph_let_go_waits_for_its_last_replay(how: str)
     note_eager_use(sg.memset(x.mut(), 9.0).borrows, "b", backend)
     assert waits == [("b", "a")]
     graph.close()
+
+
+def test_a_stream_that_waited_before_a_replay_was_launched_has_not_caught_up_with_it() -> None:
+    """Eager work on S2 reads which replay of a graph to wait for (the one on S1) and waits for it,
+    and meanwhile another replay is launched on S1 before S2 notes that it caught up. S2 waited
+    for the replay before, not this one: its next eager work must wait again. (The set of streams
+    that caught up was renewed before the launch, and only when it was not empty: S2's note went
+    into the set of the new replay.)"""
+    from scopegraph._lifetime import _after_replay, ordered_already
+
+    dev = sg.device("host")
+    x = dev.zeros((8,), name="x")
+    with CudaGraph.scope(dev.stream()) as s:
+        s.record(sg.memset(x.mut(), 1.0))
+    pin = s.graph._pin
+    waits: list[tuple[str, str]] = []
+    backend: Any = types.SimpleNamespace(wait_stream=lambda stream, last: waits.append((stream, last)))
+    replayed(pin, "S1", backend)  # replay 1
+    caught, last = pin.caught_up, pin.last_stream  # thread B (eager on S2) reads, and is preempted
+    assert ordered_already(pin, "S1")  # replay 2 on S1 (thread A) has nothing to wait for ...
+    backend.wait_stream("S2", last)  # ... and thread B's wait is made before replay 2 is launched
+    replayed(pin, "S1", backend)  # replay 2
+    caught.add("S2")  # thread B notes that S2 caught up (with replay 1)
+    waits.clear()
+    _after_replay("S2", pin.last_stream, pin.caught_up, backend)  # S2's next eager work on x
+    assert waits == [("S2", "S1")]  # waits for replay 2
+    s.graph.close()
