@@ -133,6 +133,18 @@ def replayed(pin: Any, stream: str, backend: Any) -> None:
     replay_queued(pin)
 
 
+def graph_on_x_and_waits() -> tuple[sg.Tensor, CudaGraph, list[tuple[str, str]], Any]:
+    """A host graph that writes `x`, and a backend stand-in that logs each stream wait
+    (stream, waited-for stream): the ordering a GPU launch would make, with streams by name."""
+    dev = sg.device("host")
+    x = dev.zeros((8,), name="x")
+    with CudaGraph.scope(dev.stream()) as s:
+        s.record(sg.memset(x.mut(), 1.0))
+    waits: list[tuple[str, str]] = []
+    backend: Any = types.SimpleNamespace(wait_stream=lambda stream, last: waits.append((stream, last)))
+    return x, s.graph, waits, backend
+
+
 def test_graphs_that_share_written_memory_follow_each_others_replays() -> None:
     """Which graphs a replay waits for (on a GPU, when they last ran on another stream): those that
     share memory with it where either writes, not those that share only what both read; and the
@@ -192,20 +204,15 @@ def test_a_replay_between_eager_works_note_and_its_enqueue_does_not_use_up_the_w
     queued), and the next replay waited for nothing at all."""
     from scopegraph._lifetime import note_eager_use, queued_on
 
-    dev = sg.device("host")
-    x = dev.zeros((8,), name="x")
-    with CudaGraph.scope(dev.stream()) as s:
-        s.record(sg.memset(x.mut(), 1.0))
-    pin = s.graph._pin
-    waits: list[tuple[str, str]] = []
-    backend: Any = types.SimpleNamespace(wait_stream=lambda stream, last: waits.append((stream, last)))
+    x, graph, waits, backend = graph_on_x_and_waits()
+    pin = graph._pin
     pins = note_eager_use(sg.memset(x.mut(), 2.0).borrows, "S2", backend)  # thread B, about to enqueue
     replayed(pin, "S1", backend)  # thread A's replay meanwhile: nothing of S2 queued yet
     queued_on(pins, "S2")  # thread B's work is enqueued
     waits.clear()
     replayed(pin, "S1", backend)  # thread A's next replay
     assert waits == [("S1", "S2")]
-    s.graph.close()
+    graph.close()
 
 
 @pytest.mark.parametrize("how", ["rebind", "into"])
@@ -241,13 +248,8 @@ def test_a_stream_that_waited_before_a_replay_was_launched_has_not_caught_up_wit
     into the set of the new replay.)"""
     from scopegraph._lifetime import _after_replay, ordered_already
 
-    dev = sg.device("host")
-    x = dev.zeros((8,), name="x")
-    with CudaGraph.scope(dev.stream()) as s:
-        s.record(sg.memset(x.mut(), 1.0))
-    pin = s.graph._pin
-    waits: list[tuple[str, str]] = []
-    backend: Any = types.SimpleNamespace(wait_stream=lambda stream, last: waits.append((stream, last)))
+    _, graph, waits, backend = graph_on_x_and_waits()
+    pin = graph._pin
     replayed(pin, "S1", backend)  # replay 1
     caught, last = pin.caught_up, pin.last_stream  # thread B (eager on S2) reads, and is preempted
     assert ordered_already(pin, "S1")  # replay 2 on S1 (thread A) has nothing to wait for ...
@@ -257,4 +259,4 @@ def test_a_stream_that_waited_before_a_replay_was_launched_has_not_caught_up_wit
     waits.clear()
     _after_replay("S2", pin.last_stream, pin.caught_up, backend)  # S2's next eager work on x
     assert waits == [("S2", "S1")]  # waits for replay 2
-    s.graph.close()
+    graph.close()
