@@ -229,7 +229,8 @@ class Allocation:
         # Native streams that ran work on this memory: its release waits for them (_lifetime).
         self.users: set[object] = set()
         # The last replay's stream of each graph released since it pinned this memory, with the
-        # streams whose eager work has waited for that replay (_lifetime.note_eager_use).
+        # streams whose eager work has waited for that replay (_lifetime.note_eager_use). Replaced
+        # whole (under _lifetime.PENDING), never changed in place: readers iterate what they found.
         self.closed_replays: dict[object, set[object]] | None = None
         # Set by _lifetime.track: releases the storage once the GPU is done with it. Idempotent.
         self.release: Callable[[], object] | None = None

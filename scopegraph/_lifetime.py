@@ -29,7 +29,7 @@ import bisect
 import itertools
 import threading
 import weakref
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -133,14 +133,21 @@ class Pin:
     def let_go(self, alloc: Allocation) -> None:
         """Unpin ``alloc`` (closed, or no longer used after a rebind or a new recording): its
         release waits for every replay so far, and eager work on it from another stream, and the
-        next replays of the graphs that stay on it, for the last one (it may still run)."""
-        alloc.pins.pop(id(self), None)
+        next replays of the graphs that stay on it, for the last one (it may still run).
+
+        The replays are noted before the pin goes: another thread's ``free()`` or eager work that
+        finds the memory unpinned must find them."""
         alloc.users |= self.replayed_on
         last = self.last_stream
         if last is not None:
-            if alloc.closed_replays is None:
-                alloc.closed_replays = {}
-            alloc.closed_replays.setdefault(last, set()).update(self.caught_up)
+            with PENDING:  # one writer at a time (two graphs closed at once), and a new dict each time
+                closed = dict(alloc.closed_replays or {})
+                earlier = closed.get(last)  # another graph's last replay on that stream, before or after
+                # Caught up with each: a stream that waited for one of them only waits again.
+                closed[last] = set(self.caught_up) if earlier is None else earlier & self.caught_up
+                alloc.closed_replays = closed
+        alloc.pins.pop(id(self), None)
+        if last is not None:
             _hand_on_replay(self, alloc, last)
 
 
@@ -168,10 +175,12 @@ def _written_by(pin: Pin) -> set[int]:
 def _hand_on_replay(pin: Pin, alloc: Allocation, last: object) -> None:
     """``pin`` lets go of ``alloc`` (closed, or re-pinned elsewhere) while its last replay, on
     ``last``, may still run: the graphs that stay on the memory, where either writes it, wait for
-    that replay before their next one, as they did while ``pin`` was their sharer."""
+    that replay before their next one, as they did while ``pin`` was their sharer. So do the open
+    scopes that record a write to it (what a scope writes is summed up only when its graph is built)."""
     mine = alloc.id in pin.written
+    end = alloc.address + alloc.nbytes
     for other in list(alloc.pins.values()):  # a copy: other threads record and build meanwhile
-        if mine or alloc.id in other.written:
+        if mine or alloc.id in other.written or (other.recording and other.writes_to(alloc.address, end)):
             with PENDING:
                 other.pending.add(last)
 
@@ -229,39 +238,40 @@ def repin(pin: Pin, borrows: Iterable[Borrow]) -> None:
     holdings_changed()
 
 
-NO_PINS: tuple[Pin, ...] = ()
-
-
-def note_eager_use(borrows: Iterable[Borrow], native_stream: object, backend: Backend) -> Sequence[Pin]:
+def note_eager_use(borrows: Iterable[Borrow], native_stream: object, backend: Backend) -> None:
     """Eager work is about to be enqueued on ``native_stream``: it waits for the last replay of
     every graph that pins its memory (launched on another stream, the replay may still read or
-    write it), and the memory's release waits for it. Returns those graphs' pins: once the work
-    is enqueued, ``queued_on`` makes their next replay wait for it too."""
-    pinned: list[Pin] | None = None
+    write it), and the memory's release waits for it. Once it is enqueued, ``queued_on`` makes the
+    next replays of those graphs wait for it too."""
     for b in borrows:
         alloc = b.alloc
         alloc.users.add(native_stream)
         if alloc.pins or alloc.closed_replays or len(alloc.region.members) > 1:
             for a in alloc.aliases():
                 for pin in list(a.pins.values()):  # a copy: other threads record and build meanwhile
-                    if pinned is None:
-                        pinned = []
-                    pinned.append(pin)
                     caught = pin.caught_up  # before last_stream: a replay meanwhile replaces the set
                     _after_replay(native_stream, pin.last_stream, caught, backend)
-                if a.closed_replays:
-                    for last, caught in a.closed_replays.items():
+                closed = a.closed_replays  # never changed in place (let_go makes a new one)
+                if closed:
+                    for last, caught in closed.items():
                         _after_replay(native_stream, last, caught, backend)
-    return NO_PINS if pinned is None else pinned
 
 
-def queued_on(pins: Sequence[Pin], native_stream: object) -> None:
-    """Eager work on the memory of ``pins`` is now enqueued on ``native_stream``: the next replay of
-    each waits for it. After the enqueue, not before: a replay (on another thread) that took the
-    pending streams in between would wait for nothing, and the replay after it not at all."""
-    with PENDING:
-        for pin in pins:
-            pin.pending.add(native_stream)
+def queued_on(borrows: Iterable[Borrow], native_stream: object) -> None:
+    """Eager work on the memory of ``borrows`` is now enqueued on ``native_stream``: the next replay
+    of every graph that pins that memory waits for it. After the enqueue, with the pins as they are
+    now: a replay (on another thread) that took the pending streams in between would wait for
+    nothing yet queued, and the replay after it not at all; and a graph that began to hold the
+    memory in between (recorded, rebound) took the stream from ``users`` too early in the same way."""
+    for b in borrows:
+        alloc = b.alloc
+        if alloc.pins or len(alloc.region.members) > 1:
+            for a in alloc.aliases():
+                pins = list(a.pins.values())
+                if pins:
+                    with PENDING:
+                        for pin in pins:
+                            pin.pending.add(native_stream)
 
 
 def _after_replay(native_stream: object, last: object, caught: set[object], backend: Backend) -> None:

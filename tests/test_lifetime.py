@@ -206,9 +206,10 @@ def test_a_replay_between_eager_works_note_and_its_enqueue_does_not_use_up_the_w
 
     x, graph, waits, backend = graph_on_x_and_waits()
     pin = graph._pin
-    pins = note_eager_use(sg.memset(x.mut(), 2.0).borrows, "S2", backend)  # thread B, about to enqueue
+    fill = sg.memset(x.mut(), 2.0)
+    note_eager_use(fill.borrows, "S2", backend)  # thread B, about to enqueue
     replayed(pin, "S1", backend)  # thread A's replay meanwhile: nothing of S2 queued yet
-    queued_on(pins, "S2")  # thread B's work is enqueued
+    queued_on(fill.borrows, "S2")  # thread B's work is enqueued
     waits.clear()
     replayed(pin, "S1", backend)  # thread A's next replay
     assert waits == [("S1", "S2")]
@@ -259,4 +260,148 @@ def test_a_stream_that_waited_before_a_replay_was_launched_has_not_caught_up_wit
     waits.clear()
     _after_replay("S2", pin.last_stream, pin.caught_up, backend)  # S2's next eager work on x
     assert waits == [("S2", "S1")]  # waits for replay 2
+    graph.close()
+
+
+# -- graphs let go of memory while other work uses it (a race audit; streams by name, as above) ----
+
+
+class Log:
+    """A backend stand-in that logs stream waits; ``hook`` (a stream, a function) runs the function
+    once, inside the first wait for that stream: another thread's step at that moment."""
+
+    def __init__(self) -> None:
+        self.waits: list[tuple[str, str]] = []
+        self.hook: tuple[str, Any] | None = None
+
+    def wait_stream(self, stream: str, last: str) -> None:
+        self.waits.append((stream, last))
+        if self.hook is not None and self.hook[0] == last:
+            step, self.hook = self.hook[1], None
+            step()
+
+
+def reading(x: sg.Tensor, name: str) -> CudaGraph:
+    out = x.device.zeros(x.shape, name=f"out_{name}")
+    with CudaGraph.scope(x.device.stream()) as s:
+        s.record(sg.memcpy(out.mut(), x))
+    return s.graph
+
+
+def eager_write(x: sg.Tensor, stream: str, log: Any) -> None:
+    """What the CUDA backend's run does around enqueueing a write of x on ``stream``."""
+    from scopegraph._lifetime import note_eager_use, queued_on
+
+    fill = sg.memset(x.mut(), 9.0)
+    note_eager_use(fill.borrows, stream, log)
+    queued_on(fill.borrows, stream)
+
+
+def test_a_stream_that_waited_for_one_closed_replay_waits_for_the_next_on_that_stream() -> None:
+    """Two graphs read x and were closed after replays on S1. Eager work on S2 waited for the
+    first one's; the second replayed later (after that work) and was closed: S2's next write must
+    wait for it. The streams that caught up with the first were merged into the second's."""
+    dev, log = sg.device("host"), Log()
+    x = dev.zeros((8,), name="x")
+    first, second = reading(x, "a"), reading(x, "b")
+    replayed(first._pin, "S1", log)
+    first.close()
+    eager_write(x, "S2", log)
+    replayed(second._pin, "S1", log)
+    second.close()
+    log.waits.clear()
+    eager_write(x, "S2", log)
+    assert log.waits == [("S2", "S1")]
+
+
+def test_a_graph_closed_while_a_scope_records_a_write_of_its_memory_hands_it_its_last_replay() -> None:
+    """A graph that reads x replayed on S1 and is closed while a scope records a write of x: the
+    new graph's first replay waits for that replay. (What an open scope writes is summed up only
+    when its graph is built, so the hand-on skipped it.)"""
+    dev, log = sg.device("host"), Log()
+    x = dev.zeros((8,), name="x")
+    old = reading(x, "old")
+    replayed(old._pin, "S1", log)
+    with CudaGraph.scope(dev.stream()) as s:
+        s.record(sg.memset(x.mut(), 1.0))
+        old.close()
+    replayed(s.graph._pin, "S2", log)
+    assert log.waits == [("S2", "S1")]
+    s.graph.close()
+
+
+@pytest.mark.parametrize("other", ["eager write", "free"])
+def test_work_on_memory_a_closing_graph_just_unpinned_finds_its_last_replay(other: str) -> None:
+    """Another thread acts on x the moment a closing graph has unpinned it: an eager write waits
+    for the graph's last replay, and a free() releases the memory after it. (The pin went first,
+    and the replay was noted after: the memory looked unpinned with no replay to wait for.)"""
+    dev, log = sg.device("host"), Log()
+    x = dev.zeros((8,), name="x")
+    graph = reading(x, "g")
+    replayed(graph._pin, "S1", log)
+    retired: list[set[object]] = []
+
+    class Pins(dict[int, Any]):
+        def pop(self, *args: Any) -> Any:
+            found = super().pop(*args)
+            x.allocation.pins = dict(self)  # once
+            if other == "eager write":
+                eager_write(x, "S2", log)  # the other thread, right after the pin went
+            else:
+                backend: Any = dev.backend
+                storage = x.allocation.storage
+                backend.retire = lambda s, users, borrowed: retired.append(set(users)) if s is storage else None
+                x.free()
+            return found
+
+    x.allocation.pins = Pins(x.allocation.pins)
+    graph.close()
+    if other == "eager write":
+        assert log.waits == [("S2", "S1")]
+    else:
+        backend: Any = dev.backend
+        del backend.retire
+        assert retired == [{"S1"}]
+
+
+def test_eager_work_whose_wait_meets_another_graphs_close_still_runs() -> None:
+    """Eager work waits for the closed replays on x while another thread closes a graph on x (which
+    notes its replay there): the walk over the closed replays must not break (a dict that changed
+    size during iteration), and the next write waits for the newly closed replay too."""
+    dev, log = sg.device("host"), Log()
+    x = dev.zeros((8,), name="x")
+    first, second = reading(x, "a"), reading(x, "b")
+    replayed(first._pin, "S1", log)
+    first.close()
+    replayed(second._pin, "S3", log)
+    log.hook = ("S1", second.close)  # the other thread, while the eager work walks the closed replays
+    eager_write(x, "S2", log)
+    log.waits.clear()
+    eager_write(x, "S4", log)
+    assert set(log.waits) == {("S4", "S1"), ("S4", "S3")}
+
+
+@pytest.mark.parametrize("how", ["recorded", "rebound"])
+def test_a_graph_that_takes_memory_between_eager_works_note_and_enqueue_waits_for_it(how: str) -> None:
+    """Eager work on S2 notes x's users, then (another thread) a graph starts to hold x (recorded,
+    or rebound onto it) and replays on S1, then the work is enqueued. The graph's replay after that
+    waits for S2. (Its new pin took S2 from x's users before anything was queued there, the early
+    replay used it up, and the enqueue told only the pins it had noted.)"""
+    from scopegraph._lifetime import note_eager_use, queued_on
+
+    dev, log = sg.device("host"), Log()
+    backend: Any = log
+    x, y = dev.zeros((8,), name="x"), dev.zeros((8,), name="y")
+    graph = reading(y, "g") if how == "rebound" else None
+    fill = sg.memset(x.mut(), 9.0)
+    note_eager_use(fill.borrows, "S2", backend)
+    if graph is None:
+        graph = reading(x, "g")
+    else:
+        graph.rebind({y: x})
+    replayed(graph._pin, "S1", log)
+    queued_on(fill.borrows, "S2")
+    log.waits.clear()
+    replayed(graph._pin, "S1", log)
+    assert log.waits == [("S1", "S2")]
     graph.close()

@@ -51,7 +51,7 @@ from .._compile import compile_kernel
 from .._control import ControlNode, If, While, levels, sg_condition
 from .._errors import CudaError, LaunchResourceError, ScopeGraphError, ScopeStateError, diagnostic
 from .._kernel import MAX_DYNAMIC_SHARED_BYTES, Kernel, KernelLaunch
-from .._lifetime import NO_PINS, note_eager_use, queued_on
+from .._lifetime import note_eager_use, queued_on
 from .._ops import GraphNode, Join, Memcpy, Memset, dup, unknown_kind
 from .._pdl import executable_deps
 from .._tensor import Tensor
@@ -603,7 +603,9 @@ class CudaBackend:
     def run(self, op: GraphNode, stream: Stream) -> None:
         self.keep_current()
         native_stream = stream.native
-        pins = note_eager_use(op.borrows, native_stream, self) if op.borrows else NO_PINS
+        borrows = op.borrows
+        if borrows:
+            note_eager_use(borrows, native_stream, self)
         stream.last_work = name = op.name
         self.last_work = (name, stream)
         try:  # the next replays of the graphs that pin the memory wait for this work, once enqueued
@@ -648,8 +650,8 @@ class CudaBackend:
                     f"running `{op.name}` on stream #{stream.id}", exc, describe_work(self.last_work)
                 ) from exc
         finally:
-            if pins:
-                queued_on(pins, native_stream)
+            if borrows:
+                queued_on(borrows, native_stream)
 
     # -- graphs ---------------------------------------------------------------------------
 
@@ -783,7 +785,7 @@ class CudaBackend:
         found: set[object] = set()
         for a in alloc.aliases():
             found |= a.users
-            for pin in a.pins.values():
+            for pin in list(a.pins.values()):  # a copy: other threads record and close meanwhile
                 found |= pin.replayed_on
         return found
 
