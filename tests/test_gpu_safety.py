@@ -522,3 +522,49 @@ def test_free_is_refused_while_a_wrapper_of_the_memory_lives(cuda: sg.Device) ->
     t.free()
     fresh = cuda.zeros((8,))  # may reuse t's memory: no stale freeze follows it
     cuda.stream().run(library.fill_op(fresh.mut(), 1.0))
+
+
+def test_eager_work_waits_for_each_closed_replay_on_one_stream(cuda: sg.Device) -> None:
+    """Two graphs read `inp`, replayed on one stream and closed in turn; eager work on a side stream
+    waited for the first one's replay (before the second was recorded). The second one's replay
+    still reads `inp` (it spins first) when the side stream overwrites `inp` again: that write
+    waits for it. (The streams that caught up with the first closed replay on that stream were
+    taken as caught up with the second one too.)"""
+    home, side = cuda.stream(), cuda.stream()
+    inp = cuda.full((N,), 1.0, name="inp")
+    first_out, second_out = cuda.zeros((N,), name="first_out"), cuda.zeros((N,), name="second_out")
+    with CudaGraph.scope(home) as s:
+        s.record(slow_copy[N // 256, 256](first_out.mut(), inp, N, 0))
+    with s.graph as first:
+        first.launch()
+    side.run(sg.memset(inp.mut(), 2.0))  # waits for the first replay
+    with CudaGraph.scope(home) as s:
+        s.record(slow_copy[N // 256, 256](second_out.mut(), inp, N, CYCLES))
+    with s.graph as second:
+        second.launch()  # waits for the memset, then spins, then reads 2.0
+    side.run(sg.memset(inp.mut(), 9.0))  # must wait for the second replay
+    for stream in (home, side):
+        stream.sync()
+    np.testing.assert_array_equal(second_out.numpy(), 2.0)
+    np.testing.assert_array_equal(inp.numpy(), 9.0)
+
+
+def test_a_graph_closed_while_a_scope_records_a_write_of_its_memory_is_waited_for(cuda: sg.Device) -> None:
+    """A graph that reads `inp` is replayed (it spins, then reads) and closed while a scope on
+    another stream records a write of `inp`: the new graph's first replay waits for the closed
+    graph's replay, which copies the old values."""
+    a, b = cuda.stream(), cuda.stream()
+    inp, out = cuda.full((N,), 1.0, name="inp"), cuda.zeros((N,), name="out")
+    with CudaGraph.scope(a) as s:
+        s.record(slow_copy[N // 256, 256](out.mut(), inp, N, CYCLES))
+    reader = s.graph
+    reader.launch()
+    with CudaGraph.scope(b) as s:
+        s.record(sg.memset(inp.mut(), 5.0))
+        reader.close()  # its replay still runs
+    with s.graph as writer:
+        writer.launch()
+        for stream in (a, b):
+            stream.sync()
+    np.testing.assert_array_equal(out.numpy(), 1.0)
+    np.testing.assert_array_equal(inp.numpy(), 5.0)
