@@ -161,13 +161,17 @@ def pins_writing(alloc: Allocation, start: int, end: int) -> Iterator[Pin]:
 
 
 def _written_by(pin: Pin) -> set[int]:
-    """The ids of the allocations ``pin`` holds that its writes fall in (a write lies within one
-    allocation, so its start does): sorted starts, one bisection per allocation."""
-    starts = sorted(pin.writes[0::2])
+    """The ids of the allocations ``pin`` holds that any of its writes overlaps (a write through
+    one wrapper of foreign memory may start in another wrapper's bytes): the writes sorted by
+    start, with the furthest end reached so far, and one bisection per allocation."""
+    w = pin.writes
+    ranges = sorted(zip(w[0::2], w[1::2], strict=True))
+    starts = [start for start, _ in ranges]
+    reach = list(itertools.accumulate((end for _, end in ranges), max))
     found: set[int] = set()
     for alloc in pin.allocations.values():
-        i = bisect.bisect_left(starts, alloc.address)
-        if i < len(starts) and starts[i] < alloc.address + alloc.nbytes:
+        i = bisect.bisect_left(starts, alloc.address + alloc.nbytes)  # the writes that start before its end
+        if i and reach[i - 1] > alloc.address:
             found.add(alloc.id)
     return found
 
@@ -248,6 +252,9 @@ def note_eager_use(borrows: Iterable[Borrow], native_stream: object, backend: Ba
         alloc.users.add(native_stream)
         if alloc.pins or alloc.closed_replays or len(alloc.region.members) > 1:
             for a in alloc.aliases():
+                # Every wrapper of the memory: the one used here may be dropped first, and the
+                # graphs and the release of the others must still wait for this work.
+                a.users.add(native_stream)
                 for pin in list(a.pins.values()):  # a copy: other threads record and build meanwhile
                     caught = pin.caught_up  # before last_stream: a replay meanwhile replaces the set
                     _after_replay(native_stream, pin.last_stream, caught, backend)

@@ -568,3 +568,55 @@ def test_a_graph_closed_while_a_scope_records_a_write_of_its_memory_is_waited_fo
             stream.sync()
     np.testing.assert_array_equal(out.numpy(), 1.0)
     np.testing.assert_array_equal(inp.numpy(), 5.0)
+
+
+def test_graphs_sharing_bytes_through_a_wrapper_made_later_are_ordered(cuda: sg.Device) -> None:
+    """A graph reads the second half of a torch buffer through one wrapper; a wrapper made later
+    covers the middle of the buffer, and a graph writes through it. The writer's replay waits for
+    the reader's, which spins before it reads. (The write starts outside the reader's wrapper, so
+    the writer was not taken to write what the reader holds, and neither waited for the other.)"""
+    torch = pytest.importorskip("torch")
+    base = torch.zeros(2 * N, dtype=torch.float32, device="cuda")
+    torch.cuda.synchronize()
+    second_half = sg.Tensor.from_dlpack(base[N:], name="second_half")
+    a, b = cuda.stream(), cuda.stream()
+    out = cuda.full((N,), 7.0, name="out")
+    with CudaGraph.scope(a) as s:
+        s.record(slow_copy[N // 256, 256](out.mut(), second_half, N, CYCLES))
+    reader = s.graph
+    middle = sg.Tensor.from_dlpack(base[N // 2 : N // 2 + N], name="middle")
+    with CudaGraph.scope(b) as s:
+        s.record(sg.memset(middle.mut(), 5.0))
+    writer = s.graph
+    with reader, writer:
+        reader.launch()
+        writer.launch()
+        for stream in (a, b):
+            stream.sync()
+    np.testing.assert_array_equal(out.numpy(), 0.0)  # read before the write
+    np.testing.assert_array_equal(base[N // 2 : N // 2 + N].cpu().numpy(), 5.0)
+
+
+def test_a_graph_waits_for_eager_work_through_a_wrapper_dropped_since(cuda: sg.Device) -> None:
+    """Eager work on a side stream fills the middle of a torch buffer through a wrapper (slowly),
+    and the wrapper is dropped; a graph that reads the second half through another wrapper then
+    replays on its own stream: it waits for the fill. (The side stream was noted only on the
+    dropped wrapper.)"""
+    torch = pytest.importorskip("torch")
+    base = torch.zeros(2 * N, dtype=torch.float32, device="cuda")
+    torch.cuda.synchronize()
+    second_half = sg.Tensor.from_dlpack(base[N:], name="second_half")
+    side, home = cuda.stream(), cuda.stream()
+    middle = sg.Tensor.from_dlpack(base[N // 2 : N // 2 + N], name="middle")
+    side.run(slow_fill[N // 256, 256](middle.mut(), 4.0, N, CYCLES))
+    del middle
+    gc.collect()
+    out = cuda.zeros((N,), name="out")
+    with CudaGraph.scope(home) as s:
+        s.record(sg.memcpy(out.mut(), second_half))
+    with s.graph as graph:
+        graph.launch()
+        for stream in (home, side):
+            stream.sync()
+    want = np.concatenate([np.full(N // 2, 4.0, np.float32), np.zeros(N // 2, np.float32)])
+    np.testing.assert_array_equal(out.numpy(), want)
