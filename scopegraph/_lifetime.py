@@ -148,7 +148,7 @@ class Pin:
                 alloc.closed_replays = closed
         alloc.pins.pop(id(self), None)
         if last is not None:
-            _hand_on_replay(self, alloc, last)
+            _hand_on_replay(self, alloc, last, alloc.id in self.written)
 
 
 def pins_writing(alloc: Allocation, start: int, end: int) -> Iterator[Pin]:
@@ -176,12 +176,12 @@ def _written_by(pin: Pin) -> set[int]:
     return found
 
 
-def _hand_on_replay(pin: Pin, alloc: Allocation, last: object) -> None:
-    """``pin`` lets go of ``alloc`` (closed, or re-pinned elsewhere) while its last replay, on
-    ``last``, may still run: the graphs that stay on the memory, where either writes it, wait for
-    that replay before their next one, as they did while ``pin`` was their sharer. So do the open
-    scopes that record a write to it (what a scope writes is summed up only when its graph is built)."""
-    mine = alloc.id in pin.written
+def _hand_on_replay(pin: Pin, alloc: Allocation, last: object, mine: bool) -> None:
+    """``pin`` lets go of ``alloc``, or stops writing it (closed, or re-pinned), while its last
+    replay, on ``last``, may still run (and write it, if ``mine``): the graphs that stay on the
+    memory, where either writes it, wait for that replay before their next one, as they did while
+    ``pin`` was their sharer. So do the open scopes that record a write to it (what a scope writes
+    is summed up only when its graph is built)."""
     end = alloc.address + alloc.nbytes
     for other in list(alloc.pins.values()):  # a copy: other threads record and build meanwhile
         if mine or alloc.id in other.written or (other.recording and other.writes_to(alloc.address, end)):
@@ -236,9 +236,16 @@ def repin(pin: Pin, borrows: Iterable[Borrow]) -> None:
         if aid not in pin.allocations:
             a.pins[key] = pin
             pin.pending |= a.users
+    wrote = pin.written
     pin.allocations = held
     pin.writes = writes
     pin.written = _written_by(pin)
+    for aid in wrote - pin.written:
+        kept = held.get(aid)
+        if kept is not None:  # still used, no longer written: the last replay may still write it
+            kept.users |= pin.replayed_on  # graphs built on it from now on wait for the replays so far
+            if pin.last_stream is not None:
+                _hand_on_replay(pin, kept, pin.last_stream, True)
     holdings_changed()
 
 

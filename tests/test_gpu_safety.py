@@ -620,3 +620,28 @@ def test_a_graph_waits_for_eager_work_through_a_wrapper_dropped_since(cuda: sg.D
             stream.sync()
     want = np.concatenate([np.full(N // 2, 4.0, np.float32), np.zeros(N // 2, np.float32)])
     np.testing.assert_array_equal(out.numpy(), want)
+
+
+def test_a_rebind_that_stops_a_graph_writing_memory_keeps_its_replay_ordered(cuda: sg.Device) -> None:
+    """A graph fills the first half of `whole` slowly (it spins first) and reads the second half;
+    it is replayed, then rebound to fill another tensor: it still reads `whole`, but writes it no
+    more. A graph that reads the first half, replayed on another stream, waits for that replay.
+    (Re-pinned, the graph no longer counted as writing `whole`, and the reader stopped waiting.)"""
+    a, b = cuda.stream(), cuda.stream()
+    whole = cuda.zeros((2 * N,), name="whole")
+    first, second = whole[:N], whole[N:]
+    elsewhere, copied, out = cuda.zeros((N,), name="elsewhere"), cuda.zeros((N,), name="copied"), cuda.zeros((N,))
+    with CudaGraph.scope(a) as s:
+        s.record(slow_fill[N // 256, 256](first.mut(), 3.0, N, CYCLES))
+        s.record(sg.memcpy(copied.mut(), second))
+    writer = s.graph
+    with CudaGraph.scope(b) as s:
+        s.record(sg.memcpy(out.mut(), first))
+    reader = s.graph
+    with writer, reader:
+        writer.launch()
+        writer.rebind({first: elsewhere})
+        reader.launch()
+        for stream in (a, b):
+            stream.sync()
+    np.testing.assert_array_equal(out.numpy(), 3.0)
