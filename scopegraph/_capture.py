@@ -70,7 +70,6 @@ import inspect
 import sys
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from threading import get_ident
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, cast
 
@@ -88,7 +87,7 @@ from ._errors import (
     diagnostic,
 )
 from ._ops import GraphNode, borrowed_tensor
-from ._scope import RecordedNode, Scope, _State, other_thread
+from ._scope import RecordedNode, Scope, _State
 from ._tensor import Mut, Tensor
 
 if TYPE_CHECKING:
@@ -726,8 +725,7 @@ class Region:
                         help="open it inside the `with CudaGraph.scope(stream) as s:` block",
                     )
                 )
-            if get_ident() != owner.thread:
-                raise other_thread(owner.opened_at)
+            owner.check_thread()
             if owner._inner is not None:
                 raise owner._inner.busy("open a captured region in the scope")
             device = owner.stream.device

@@ -61,7 +61,6 @@ import copy
 import operator
 import sys
 from collections.abc import Sequence
-from threading import get_ident
 from types import TracebackType
 from typing import TYPE_CHECKING, Generic, NamedTuple, TypeVar
 
@@ -76,7 +75,7 @@ from ._kernel import KernelLaunch, kernel
 from ._ops import GraphNode, Join, Memcpy, Memset
 from ._params import note_params
 from ._pdl import NONE, EdgeKinds
-from ._scope import RecordedNode, Scope, _not_a_graph_node, _State, end_inner, other_thread
+from ._scope import RecordedNode, Scope, _not_a_graph_node, _State, end_inner
 from ._stream import check_runnable
 from ._tensor import Mut, Tensor
 from ._tracker import ORDERS
@@ -233,9 +232,8 @@ class Body:
     # -- internals ------------------------------------------------------------------------
 
     def _check_recording(self, what: str) -> None:
-        root = self._root
-        if root is not None and get_ident() != root.thread:
-            raise other_thread(root.opened_at)
+        if self._root is not None:
+            self._root.check_thread()
         if not self._open:
             raise ScopeStateError(
                 diagnostic(
@@ -433,8 +431,7 @@ def _check_scope_open(scope: Scope) -> None:
                 help="open it inside the `with CudaGraph.scope(stream) as s:` block",
             )
         )
-    if get_ident() != scope.thread:
-        raise other_thread(scope.opened_at)
+    scope.check_thread()
 
 
 def _aggregate(own: Sequence[Borrow], ops: Iterable[GraphNode]) -> list[Borrow]:

@@ -137,7 +137,7 @@ class Pin:
 
         The replays are noted before the pin goes: another thread's ``free()`` or eager work that
         finds the memory unpinned must find them."""
-        alloc.users |= self.replayed_on
+        self.hand_on(alloc, alloc.id in self.written)
         last = self.last_stream
         if last is not None:
             with PENDING:  # one writer at a time (two graphs closed at once), and a new dict each time
@@ -147,8 +147,24 @@ class Pin:
                 closed[last] = set(self.caught_up) if earlier is None else earlier & self.caught_up
                 alloc.closed_replays = closed
         alloc.pins.pop(id(self), None)
-        if last is not None:
-            _hand_on_replay(self, alloc, last, alloc.id in self.written)
+
+    def hand_on(self, alloc: Allocation, wrote: bool) -> None:
+        """This holder lets go of ``alloc``, or stops writing it (closed, or re-pinned), while its
+        replays may still run (and write it, if ``wrote``): graphs built on the memory from now on
+        wait for them, and the next replays of the graphs and open scopes that hold it, where
+        either writes it, wait for the last one, as they did while this holder was their sharer
+        (what an open scope writes is summed up only when its graph is built)."""
+        alloc.users |= self.replayed_on
+        last = self.last_stream
+        if last is None:
+            return
+        end = alloc.address + alloc.nbytes
+        for other in list(alloc.pins.values()):  # a copy: other threads record and build meanwhile
+            if other is not self and (
+                wrote or alloc.id in other.written or (other.recording and other.writes_to(alloc.address, end))
+            ):
+                with PENDING:
+                    other.pending.add(last)
 
 
 def pins_writing(alloc: Allocation, start: int, end: int) -> Iterator[Pin]:
@@ -174,19 +190,6 @@ def _written_by(pin: Pin) -> set[int]:
         if i and reach[i - 1] > alloc.address:
             found.add(alloc.id)
     return found
-
-
-def _hand_on_replay(pin: Pin, alloc: Allocation, last: object, mine: bool) -> None:
-    """``pin`` lets go of ``alloc``, or stops writing it (closed, or re-pinned), while its last
-    replay, on ``last``, may still run (and write it, if ``mine``): the graphs that stay on the
-    memory, where either writes it, wait for that replay before their next one, as they did while
-    ``pin`` was their sharer. So do the open scopes that record a write to it (what a scope writes
-    is summed up only when its graph is built)."""
-    end = alloc.address + alloc.nbytes
-    for other in list(alloc.pins.values()):  # a copy: other threads record and build meanwhile
-        if mine or alloc.id in other.written or (other.recording and other.writes_to(alloc.address, end)):
-            with PENDING:
-                other.pending.add(last)
 
 
 _change_ids = itertools.count(1)
@@ -243,9 +246,7 @@ def repin(pin: Pin, borrows: Iterable[Borrow]) -> None:
     for aid in wrote - pin.written:
         kept = held.get(aid)
         if kept is not None:  # still used, no longer written: the last replay may still write it
-            kept.users |= pin.replayed_on  # graphs built on it from now on wait for the replays so far
-            if pin.last_stream is not None:
-                _hand_on_replay(pin, kept, pin.last_stream, True)
+            pin.hand_on(kept, True)
     holdings_changed()
 
 

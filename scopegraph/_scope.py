@@ -134,7 +134,7 @@ def caller(depth: int) -> str:
     return f"{frame.f_code.co_filename}:{frame.f_lineno}"
 
 
-def other_thread(opened_at: str) -> ScopeStateError:
+def _other_thread(opened_at: str) -> ScopeStateError:
     """Recording into a scope (or one of its loop and branch bodies) from a thread that did not open it."""
     return ScopeStateError(
         diagnostic(
@@ -235,9 +235,14 @@ class Scope:
         self._nodes.append(node)
         return node
 
+    def check_thread(self) -> None:
+        """Refuse a thread other than the one that opened the scope (its loops, branches, regions)."""
+        if get_ident() != self.thread:
+            raise _other_thread(self.opened_at)
+
     def _not_recording(self) -> Exception:
         if self._state is _OPEN and get_ident() != self.thread:
-            return other_thread(self.opened_at)
+            return _other_thread(self.opened_at)
         if self._inner is not None and self._state is _OPEN:
             return self._inner.busy("record into the scope")
         return ScopeStateError(

@@ -406,9 +406,8 @@ def topology(nodes: Sequence[RecordedNode], programmatic: bool) -> Shape | None:
     it) and edges, programmatic ones apart (scopegraph._pdl) where the backend makes them
     (``programmatic``: on the host and below sm_90 the pdl flag changes nothing), and each loop's
     or branch's kind, bound and bodies. None for a recording that is always instantiated again: one
-    with loops or branches keeps the graph's definition, whose conditional handles its condition
-    kernels name, so the backends take it by updating its nodes one by one (``update_whole``), which
-    a captured region's or a collective's child graph cannot be (:func:`take_in_place`)."""
+    with loops or branches goes in by node updates (:func:`take_in_place`), which a captured
+    region's or a collective's child graph cannot take."""
     if any(isinstance(n.op, ControlNode) for n in nodes):
         updatable = (Memcpy, Memset, Join, ControlNode)
         if not all(type(n.op) is KernelLaunch or isinstance(n.op, updatable) for n in levels(nodes)[0]):
