@@ -15,8 +15,9 @@ built from another version of library.cu, so an old and a new library are timed 
 benchmarks/NOTES.md records what was tried, what was chosen and why.
 
 ``--trace`` compiles the library with a timestamp (``%globaltimer``) at each block's start (its
-trigger) and at its wait's release, replays one token and prints, for each kernel of a few
-layers, when its blocks started and when their waits returned.
+trigger), at its wait's release and at thread 0's exit, replays one token and prints, for each
+kernel of a few layers, when its blocks started, when their waits returned, when the last one
+left, and how long after that the next kernel's wait returned.
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ CASES: list[Case] = [
     Case("4k, second matvec 4 rows a warp", "kernels", second_rows=4),
     Case("4k, 3/4 of each row before the wait, 4 blocks an SM", "kernels", THREE_QUARTERS),
 ]
-TRACED = ("4k", "4k, x staged by loads")
+TRACED = ("4k", "fused")
 # d=512 x 22 (launch-bound: the weights nearly fit in L2).
 SMALL_CASES: list[Case] = [
     Case("fused, baseline", "fused", base=True),
@@ -211,7 +212,7 @@ def run_size(dev: sg.Device, stream: sg.Stream, d: int, cases: list[Case], read_
 # -- the timeline (--trace) ---------------------------------------------------------------------
 
 TRACE_PRELUDE = r"""
-struct SgTraceRecord { unsigned long long out, started, released; unsigned block, sm; };
+struct SgTraceRecord { unsigned long long out, started, released, ended; unsigned block, sm; };
 #define SG_TRACE_CAPACITY (1 << 16)
 __device__ SgTraceRecord sg_trace[SG_TRACE_CAPACITY];
 __device__ unsigned sg_trace_count;
@@ -238,14 +239,23 @@ __device__ __forceinline__ unsigned sg_trace_start(const void* out) {
 __device__ __forceinline__ void sg_trace_released(unsigned slot) {
     if (threadIdx.x == 0 && slot < SG_TRACE_CAPACITY) sg_trace[slot].released = sg_now();
 }
+// Stamps thread 0's exit from the kernel, whichever way it returns.
+struct SgTraceEnd {
+    unsigned slot;
+    __device__ ~SgTraceEnd() {
+        if (threadIdx.x == 0 && slot < SG_TRACE_CAPACITY) sg_trace[slot].ended = sg_now();
+    }
+};
 """
-RECORD = np.dtype([("out", "<u8"), ("started", "<u8"), ("released", "<u8"), ("block", "<u4"), ("sm", "<u4")])
+RECORD = np.dtype(
+    [("out", "<u8"), ("started", "<u8"), ("released", "<u8"), ("ended", "<u8"), ("block", "<u4"), ("sm", "<u4")]
+)
 
 
 def traced_source(source: str = library.SOURCE) -> str:
     body = re.sub(
         r"(?<!void )pdl_launch_dependents\(\);",
-        "unsigned sg_slot = sg_trace_start(out); pdl_launch_dependents();",
+        "unsigned sg_slot = sg_trace_start(out); SgTraceEnd sg_end{sg_slot}; pdl_launch_dependents();",
         source,
     )
     body = re.sub(r"(?<!void )pdl_wait\(\);", "pdl_wait(); sg_trace_released(sg_slot);", body)
@@ -312,14 +322,19 @@ def trace(dev: sg.Device, stream: sg.Stream, case: Case, d: int = 2048, layers: 
         f"trace {case.label}: {len(launches)} launches, token {total:.1f} us (first start to last release), "
         f"timer tick {tick} ns"
     )
-    print("  kernel            blocks  start min/med/max us   released min/max us   started before first release")
-    for kind, r in window:
+    print(
+        "  kernel            blocks  start min/med/max us   released min/max us   ended max us   "
+        "started before first release   last end to next release us"
+    )
+    for i, (kind, r) in enumerate(window):
         s = (r["started"].astype(np.int64) - t0) / 1e3
         rel = (r["released"].astype(np.int64) - t0) / 1e3
+        end = (int(r["ended"].max()) - t0) / 1e3
         early = int(np.sum(r["started"] < r["released"].min()))
+        gap = (int(window[i + 1][1]["released"].min()) - t0) / 1e3 - end if i + 1 < len(window) else float("nan")
         print(
             f"  {kind:<17} {len(r):6}  {s.min():6.2f} {np.median(s):6.2f} {s.max():6.2f}     "
-            f"{rel.min():6.2f} {rel.max():6.2f}          {early}"
+            f"{rel.min():6.2f} {rel.max():6.2f}        {end:6.2f}          {early:6}                       {gap:5.2f}"
         )
     g.close()
     for w in [*(w for lw in model.weights for w in (lw.norm_w, lw.wq, lw.wo)), model.hidden]:
