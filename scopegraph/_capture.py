@@ -685,7 +685,7 @@ class Region:
         # The backend holding frees back while this region captures, and the capturing thread.
         self._frees_deferred_by: tuple[CudaBackend, int] | None = None
         self._cupy: Any = None
-        self._entered = False
+        self._entered = self._open = False  # entered once; open until its exit
 
     @property
     def location(self) -> str:
@@ -767,11 +767,20 @@ class Region:
                 self.handle = int(self._capture.stream.handle)
             self.capturing = True
         owner._inner = self
+        self._open = True
         return self
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        if not self._open:  # an ExitStack unwinding twice, or a region never entered: record it once
+            if exc_type is not None:
+                return
+            raise ScopeStateError(
+                "this captured region is not open: it was never entered, or it has ended already\n"
+                "help: use it as `with s.capture(...) as region:`, which enters and ends it once"
+            )
+        self._open = False
         owner = self.owner
         owner._inner = None
         capture, self._capture = self._capture, None

@@ -310,7 +310,7 @@ class Block(Generic[T_co]):
         self.max_iterations = max_iterations
         self.where = where
         self.bodies: tuple[Body, ...] = ()
-        self._entered = False
+        self._entered = self._open = False
         # The scope's pin before the bodies added to it: undone if the block raises.
         # Where the root scope stood when the block opened: its pins, and how many parameter names
         # it knew (see _roll_back).
@@ -364,7 +364,7 @@ class Block(Generic[T_co]):
         # it from then on must come before the first replay), so a block that raises takes both back.
         self._mark = (root, root._pin.mark(), len(root._params))
         owner._inner = self
-        self._entered = True
+        self._entered = self._open = True
         if self.kind == "if_else":
             return (self.bodies[0], self.bodies[1])  # type: ignore[return-value]
         return self.bodies[0]  # type: ignore[return-value]
@@ -372,6 +372,14 @@ class Block(Generic[T_co]):
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        if not self._open:  # an ExitStack unwinding twice, or a block never entered: record it once
+            if exc_type is not None:
+                return
+            raise ScopeStateError(
+                f"this {self.description} block is not open: it was never entered, or it has ended already\n"
+                "help: use it as `with s.while_(flag) as body:` (or s.if_), which enters and ends it once"
+            )
+        self._open = False
         owner = self.owner
         owner._inner = None
         unclosed = None

@@ -324,6 +324,13 @@ class Scope:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        if self._state is not _State.OPEN:  # an ExitStack unwinding twice, or a scope never entered
+            if exc_type is not None:
+                return  # the exception in flight says more
+            raise ScopeStateError(
+                f"this scope is not open ({self._state.value}): it was never entered, or it has ended already\n"
+                "help: use it as `with CudaGraph.scope(stream) as s:`, which enters and ends it once"
+            )
         self.stream.recording = None
         unclosed = end_inner(self, "scope", exc_type)
         if unclosed is not None:

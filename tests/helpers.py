@@ -58,3 +58,12 @@ def device_memory(device: sg.Device) -> dict[str, int]:
         "pool_reserved": int(attrs.reserved_mem_current),
         "free": int(free),
     }
+
+
+def cupy_on(region: sg.Region) -> Any:
+    """CuPy's stream object for ``region.stream``, to make it CuPy's current stream
+    (``Stream.from_external`` since CuPy 14, which deprecates ``ExternalStream``)."""
+    import cupy
+
+    from_external = getattr(cupy.cuda.Stream, "from_external", None)
+    return from_external(region.stream) if from_external is not None else cupy.cuda.ExternalStream(region.handle)

@@ -22,7 +22,7 @@ import scopegraph as sg
 from scopegraph import CudaGraph, library
 from scopegraph._capture import is_capturing
 
-from .helpers import assert_stream_usable
+from .helpers import assert_stream_usable, cupy_on
 
 NDArray = np.ndarray[Any, np.dtype[Any]]
 
@@ -627,7 +627,7 @@ def test_cupy_kernel_between_scopegraph_kernels() -> None:
     with CudaGraph.scope(stream) as s:
         s.record(library.add_scalar_op(x.mut(), 1.0))
         region = s.capture(reads=[x], writes=[out.mut()], name="square_plus")
-        with region, cupy.cuda.ExternalStream(region.handle):
+        with region, cupy_on(region):
             square_plus(cx, cout)
         s.record(library.add_scalar_op(out.mut(), 0.5))
     with s.graph as graph:
@@ -659,7 +659,7 @@ def test_cupy_allocation_during_capture_is_refused() -> None:
     stream = sg.device("cuda").stream()
 
     def body(region: sg.Region, x: sg.Tensor, y: sg.Tensor, cx: Any) -> None:
-        with cupy.cuda.ExternalStream(region.handle):
+        with cupy_on(region):
             cx * 2  # a new array: CuPy allocates
 
     _refused(

@@ -274,6 +274,47 @@ def test_record_after_the_scope_ended(sg_device: sg.Device, sg_stream: sg.Stream
     assert_stream_usable(sg_stream)
 
 
+def test_a_scope_block_or_region_ended_twice_or_never_entered(sg_device: sg.Device, sg_stream: sg.Stream) -> None:
+    """An ExitStack unwinding twice, or __exit__ called by hand: refused, recording nothing twice
+    and unpinning nothing that a graph still uses."""
+    x, y = sg_device.full((4,), 1.0, name="x"), sg_device.zeros((4,), name="y")
+    scope = CudaGraph.scope(sg_stream)
+    scope.__enter__()
+    scope.record(sg.memcpy(y.mut(), x))
+    scope.__exit__(None, None, None)
+    with pytest.raises(sg.ScopeStateError, match=r"this scope is not open \(finished\).*\nhelp: use it as `with"):
+        scope.__exit__(None, None, None)
+    scope.__exit__(ValueError, ValueError("in flight"), None)  # an exception in flight says more
+    graph = scope.graph
+    with pytest.raises(sg.LifetimeError):
+        y.free()  # the graph still holds it
+    with CudaGraph.scope(sg_stream) as s:
+        with pytest.raises(sg.ScopeStateError, match=r"this scope is not open \(not entered\)"):
+            CudaGraph.scope(sg_stream).__exit__(None, None, None)
+        with pytest.raises(sg.ScopeStateError, match="while a scope is recording on it"):
+            sg_stream.run(sg.memset(x.mut(), 2.0))  # the stream still records
+        block = s.while_(sg_device.zeros((1,), sg.i32, name="flag"))
+        with pytest.raises(sg.ScopeStateError, match="this loop block is not open"):
+            block.__exit__(None, None, None)
+        block.__enter__()
+        block.__exit__(None, None, None)
+        with pytest.raises(sg.ScopeStateError, match="this loop block is not open: .* ended already"):
+            block.__exit__(None, None, None)
+        if not sg_device.is_cuda:  # a region with no foreign work in it is refused on a GPU
+            region = s.capture(writes=[y.mut()], host=lambda out: np.add(out, 1.0, out=out), name="plus_one")
+            region.__enter__()
+            region.__exit__(None, None, None)
+            with pytest.raises(sg.ScopeStateError, match="this captured region is not open"):
+                region.__exit__(None, None, None)
+    assert len(s.graph.nodes) == (1 if sg_device.is_cuda else 2)  # each recorded once
+    s.graph.close()
+    graph.launch()
+    graph.sync()
+    np.testing.assert_array_equal(y.numpy(), 1.0)
+    graph.close()
+    assert_stream_usable(sg_stream)
+
+
 def test_scope_used_before_it_is_entered(sg_device: sg.Device, sg_stream: sg.Stream) -> None:
     x = sg_device.zeros((4,), name="x")
     scope = CudaGraph.scope(sg_stream)

@@ -84,7 +84,9 @@ class HostView(np.ndarray[Any, np.dtype[Any]]):
     works as on any array. Views of it (``reshape``, slices) are HostViews too; what numpy
     computes from it (``a * x``, ``w @ x``) is a plain array. ``.flat`` stays numpy's, which clips
     a slice to the end: numpy's own functions rely on that (``np.fill_diagonal`` of a wide matrix
-    slices ``a.flat`` past it).
+    slices ``a.flat`` past it). So does a plain ndarray made from it (``np.asarray(out)``,
+    ``out.view(np.ndarray)``): numpy hands those out, and its functions make them internally, so
+    the check stops there.
     """
 
     __slots__ = ()
