@@ -86,7 +86,7 @@ from ._errors import (
     SignatureError,
     diagnostic,
 )
-from ._ops import GraphNode, borrowed_tensor
+from ._ops import RecordedOnce, borrowed_tensor
 from ._scope import RecordedNode, Scope, _State
 from ._tensor import Mut, Tensor
 
@@ -136,7 +136,7 @@ def _check_host(host: object, what: str, arguments: list[str]) -> None:
 _REGION = object()  # what Region passes to Captured: the only maker of one
 
 
-class Captured(GraphNode):
+class Captured(RecordedOnce):
     """Foreign GPU work as one child-graph node: declared reads and writes, the captured graph
     (``definition``, set when the region's capture ends), what must stay alive with it (``kept``),
     and the host backend's stand-in (``host``). Not runnable eagerly: it runs inside a graph."""
@@ -163,6 +163,7 @@ class Captured(GraphNode):
             )
         self.label_name = name
         self.where = where
+        self.taken = False
         what = f"capture:{name}"  # the op's label, as graph.nodes and DOT pictures show it
         lists = "reads= and writes= take lists of tensors"
         written = _listed(writes, "writes", what, lists, "writes=[c.mut()]")

@@ -72,7 +72,7 @@ from ._capture import Captured, Region
 from ._dtypes import i32, int32, u64
 from ._errors import NotAGraphNodeError, ScopeGraphError, ScopeStateError, SignatureError, diagnostic
 from ._kernel import KernelLaunch, kernel
-from ._ops import GraphNode, Join, Memcpy, Memset
+from ._ops import GraphNode, Join, Memcpy, Memset, RecordedOnce
 from ._params import note_params
 from ._pdl import NONE, EdgeKinds
 from ._scope import RecordedNode, Scope, _not_a_graph_node, _State, end_inner
@@ -189,8 +189,11 @@ class Body:
         root = self._root
         assert root is not None  # open
         check_runnable(op, root.stream)
-        if type(op) is KernelLaunch and op.params:
-            note_params(root._params, op)  # one name, one parameter, in bodies as at the top level
+        if type(op) is KernelLaunch:
+            if op.params:
+                note_params(root._params, op)  # one name, one parameter, in bodies as at the top level
+        elif isinstance(op, RecordedOnce):
+            op.take()
         borrows = op.borrows
         deps = self._tracker.add(borrows)
         root._pin.add(borrows)
@@ -455,7 +458,7 @@ def _aggregate(own: Sequence[Borrow], ops: Iterable[GraphNode]) -> list[Borrow]:
     return list(by_range.values())
 
 
-class ControlNode(GraphNode):
+class ControlNode(RecordedOnce):
     """A loop or branch as one node of the enclosing graph or body. It borrows what its bodies
     borrow plus a read of ``flag``. Not runnable eagerly: it runs inside a graph."""
 
@@ -470,6 +473,7 @@ class ControlNode(GraphNode):
         self.flag = flag
         self.bodies = bodies
         self.where = where
+        self.taken = False
         self.own = [Borrow(flag, False, "flag"), *extra]
         self.borrows = _aggregate(self.own, (n.op for b in bodies for n in b.nodes))
         self.device = flag.device

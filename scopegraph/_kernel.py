@@ -538,7 +538,7 @@ class Launcher(Generic[P, Name]):
     """``kernel[grid, block]``: calling it with the kernel's arguments builds a KernelLaunch.
 
     Typed as ``Callable[P, KernelLaunch]`` so mypy's messages need no ``__call__``; the mypy
-    plugin retypes it as ``Launcher[P, Literal["axpy"]]``: the kernel's name travels in the type
+    plugin retypes it as ``Launcher[P, Literal["axpy"] | str]``: the kernel's name travels in the type
     (a variable that holds the launcher keeps it too) to name the kernel in messages, and the call
     reaches the plugin's hooks, which check its borrows. ``Name`` means nothing at run time.
     """

@@ -115,6 +115,30 @@ class GraphNode(Op[None]):
         return self.label()
 
 
+class RecordedOnce(GraphNode):
+    """A node that its ``with`` block makes and records: a loop, a branch, a captured region. Its
+    bodies, or its captured graph, belong to that one recording (a rebind or a re-recording of the
+    graph changes them in place), so recording it again, say ``g.nodes[i].op`` into another scope,
+    is refused rather than leaving two graphs sharing one loop."""
+
+    __slots__ = ("taken",)
+
+    taken: bool
+
+    def take(self) -> None:
+        """Called as the node is recorded: the first time only."""
+        if self.taken:
+            raise NotAGraphNodeError(
+                diagnostic(
+                    f"`{self.name}` is recorded already, in the graph its `with` block recorded it into",
+                    ["its bodies or captured work belong to that graph: changing one graph would change the other"],
+                    help="open the loop, branch or region again in this scope (s.while_, s.if_, s.if_else, "
+                    "s.capture), or run the other graph",
+                )
+            )
+        self.taken = True
+
+
 def borrowed_tensor(value: object, mutable: bool, op: str, param: str, declared: str = "") -> Tensor:
     """The tensor an argument borrows, if it borrows the way the parameter is declared
     (``Mut[Tensor]`` when ``mutable``, else ``Tensor``); SignatureError says how to fix it."""

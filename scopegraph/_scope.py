@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Self
 from ._errors import LifetimeError, NotAGraphNodeError, ScopeStateError, SignatureError, diagnostic
 from ._kernel import KernelLaunch
 from ._lifetime import Pin
-from ._ops import AllocationOp, GraphNode, Join
+from ._ops import AllocationOp, GraphNode, Join, RecordedOnce
 from ._params import Param, note_params
 from ._pdl import NONE, EdgeKinds
 from ._stream import Stream, check_runnable
@@ -218,8 +218,11 @@ class Scope:
         if not isinstance(op, GraphNode):
             raise _not_a_graph_node(op)
         check_runnable(op, self.stream)
-        if type(op) is KernelLaunch and op.params:
-            note_params(self._params, op)
+        if type(op) is KernelLaunch:
+            if op.params:
+                note_params(self._params, op)
+        elif isinstance(op, RecordedOnce):
+            op.take()
         borrows = op.borrows
         frame = _getframe(1)
         code = frame.f_code

@@ -26,6 +26,7 @@ from . import _dtypes as dt
 from ._errors import SignatureError
 from ._kernel import Kernel, KernelLaunch, TensorSpec, kernel
 from ._ops import borrowed_tensor
+from ._params import Param
 from ._tensor import Mut, Tensor
 
 SOURCE = resources.files(__package__).joinpath("kernels/library.cu").read_text()
@@ -277,13 +278,17 @@ def _written(out: Mut[Tensor], helper: str) -> Tensor:
     return borrowed_tensor(out, True, helper, "out")
 
 
+# A helper's scalar: a value, or an sg.Param a graph can change at launch(name=value).
+Scalar = float | Param[float]
+
+
 def _elementwise(out: Mut[Tensor], helper: str, block: int = ELEMENTWISE_BLOCK) -> tuple[int, int]:
     """(elements, blocks) of an elementwise launch over ``out``: one call on the hot path."""
     n = (out.tensor if type(out) is Mut else _written(out, helper)).size
     return n, -(-n // block) or 1
 
 
-def fill_op(out: Mut[Tensor], value: float) -> KernelLaunch:
+def fill_op(out: Mut[Tensor], value: Scalar) -> KernelLaunch:
     n, grid = _elementwise(out, "fill_op")
     return fill[grid, ELEMENTWISE_BLOCK](out, value, n)
 
@@ -293,12 +298,12 @@ def add_op(out: Mut[Tensor], a: Tensor, b: Tensor) -> KernelLaunch:
     return add[grid, ELEMENTWISE_BLOCK](out, a, b, n)
 
 
-def axpy_op(out: Mut[Tensor], x: Tensor, a: float) -> KernelLaunch:
+def axpy_op(out: Mut[Tensor], x: Tensor, a: Scalar) -> KernelLaunch:
     n, grid = _elementwise(out, "axpy_op", AXPY_BLOCK)
     return axpy[grid, AXPY_BLOCK](out, x, a, n)
 
 
-def add_scalar_op(out: Mut[Tensor], value: float) -> KernelLaunch:
+def add_scalar_op(out: Mut[Tensor], value: Scalar) -> KernelLaunch:
     n, grid = _elementwise(out, "add_scalar_op")
     return add_scalar[grid, ELEMENTWISE_BLOCK](out, value, n)
 
@@ -309,7 +314,7 @@ def rms_norm_block(d: int) -> int:
     return min(1024, max(128, -(-d // 256) * 32))
 
 
-def rms_norm_op(out: Mut[Tensor], x: Tensor, w: Tensor, eps: float) -> KernelLaunch:
+def rms_norm_op(out: Mut[Tensor], x: Tensor, w: Tensor, eps: Scalar) -> KernelLaunch:
     """Normalise each row of ``x`` (its last dimension is the model width)."""
     rows = borrowed_tensor(x, False, "rms_norm_op", "x")  # a SignatureError for anything but a Tensor
     if not rows.shape:
@@ -370,7 +375,7 @@ def matvec_add_op(out: Mut[Tensor], x: Tensor, w: Tensor) -> KernelLaunch:
     return (narrow(matvec_add) if k <= NARROW_K else matvec_add)[grid, 32 * MATVEC_WARPS, shared](out, x, w, n, k)
 
 
-def rms_norm_matvec_op(out: Mut[Tensor], x: Tensor, nw: Tensor, w: Tensor, eps: float) -> KernelLaunch:
+def rms_norm_matvec_op(out: Mut[Tensor], x: Tensor, nw: Tensor, w: Tensor, eps: Scalar) -> KernelLaunch:
     """``out = w @ rms_norm(x, nw, eps)`` for ``w`` of shape (n, k): the RMSNorm of one row fused
     into the matvec after it."""
     n, k, grid, shared = _matrix(w, "rms_norm_matvec_op", BLOCK_SUM_SHARED)

@@ -24,6 +24,10 @@ on the call that builds the op, so it holds wherever the op is recorded: ``s.rec
     s.record(swap[g, b](bufs[0].mut(), bufs[0].mut()))
     # error: cannot borrow `bufs[0]` as mutable more than once at a time  [scopegraph-borrow]
 
+The same holds for the lists a captured region declares, ``s.capture(writes=[...], reads=[...])``
+and ``body.capture(...)``. Notes name each argument as written (``argument 2``, ``argument
+"src"``, ``writes[0]``), and every place in conflict gets its own error.
+
 A place is a name (``x``), an attribute path (``layer.w``, ``self.bufs.norm``) or a subscript by
 a literal (``bufs[0]``, ``bufs[-1]``, ``cache["k"]``); a mutable borrow is ``place.mut()`` or
 ``sg.mut(place)``. Different places (``l.a`` and ``l.b``, ``bufs[0]`` and ``bufs[1]``) pass.
@@ -33,7 +37,8 @@ The error code ``scopegraph-borrow`` can be silenced per line like any other
 It also names the kernel in mypy's messages for a launch (``Argument 1 to "axpy" has
 incompatible type ...``), through a variable that holds ``axpy[grid, block]`` too (a kernel held
 in a container is named by its place, ``kernels['axpy']``; one no expression names is "kernel
-launch"), and lets a launch take a graph parameter where the kernel takes a scalar: an ``sg.f32``
+launch"). One variable may hold launchers of several kernels of one signature; it is named after
+the first it was given. It lets a launch take a graph parameter where the kernel takes a scalar: an ``sg.f32``
 parameter accepts ``float`` or ``sg.Param[float]``, an ``sg.i32`` one ``int`` or
 ``sg.Param[int]`` (see ``scopegraph._params``). A ``bool`` for an int or float scalar, which
 mypy's types let through (a bool is an int) and scopegraph refuses when the launch is built, is an
@@ -59,17 +64,21 @@ from collections.abc import Callable
 
 from mypy.errorcodes import ARG_TYPE, ErrorCode
 from mypy.nodes import (
+    ARG_NAMED,
+    ARG_POS,
     CallExpr,
     Decorator,
     Expression,
     FuncDef,
     IndexExpr,
     IntExpr,
+    ListExpr,
     MemberExpr,
     NameExpr,
     OverloadedFuncDef,
     RefExpr,
     StrExpr,
+    TupleExpr,
     TypeInfo,
     UnaryExpr,
     Var,
@@ -97,6 +106,8 @@ _LAUNCHER_CALL = "scopegraph._kernel.Launcher.__call__"
 # function's return type: a cached helper that builds a graph node is checked like the helper.
 _LRU_CACHE_CALL = "functools._lru_cache_wrapper.__call__"
 _MUT_FUNCTIONS = ("scopegraph._tensor.mut",)
+# A captured region's node borrows what its writes= and reads= lists name (scopegraph._capture).
+_CAPTURES = ("scopegraph._scope.Scope.capture", "scopegraph._control.Body.capture")
 _PARAM = "scopegraph._params.Param"
 _SCALARS = ("builtins.float", "builtins.int", "builtins.bool")
 # What a launch is called in messages when its kernel cannot be named from the code.
@@ -153,36 +164,61 @@ def check_launch(ctx: MethodContext) -> Type:
 
 
 def check_borrows(ctx: FunctionContext | MethodContext) -> None:
-    """Report the first conflicting pair of borrows among a graph-node call's arguments."""
-    seen: dict[str, tuple[bool, int, Expression]] = {}
-    args = [arg for group in ctx.args for arg in group]
-    for position, arg in enumerate(args, start=1):
+    """Report conflicting borrows among a graph-node call's arguments, in the order written."""
+    call = ctx.context
+    if isinstance(call, CallExpr):
+        parts = zip(call.args, call.arg_kinds, call.arg_names, strict=True)
+        written = [
+            (f'argument "{name}"' if name is not None else f"argument {position}", arg)
+            for position, (arg, kind, name) in enumerate(parts, start=1)
+            if kind in (ARG_POS, ARG_NAMED)  # *args and **kwargs name no place
+        ]
+    else:
+        written = [(f"argument {i}", arg) for i, arg in enumerate((a for group in ctx.args for a in group), start=1)]
+    report_conflicts(ctx, written)
+
+
+def check_capture(ctx: MethodContext) -> Type:
+    """``s.capture(writes=[...], reads=[...])`` / ``body.capture(...)``: the region's node borrows
+    what the two lists name, as a graph-node call borrows its arguments."""
+    call = ctx.context
+    if isinstance(call, CallExpr):
+        listed: list[tuple[str, Expression]] = []
+        for arg, name in zip(call.args, call.arg_names, strict=True):
+            if name in ("writes", "reads") and isinstance(arg, (ListExpr, TupleExpr)):
+                listed += [(f"{name}[{i}]", item) for i, item in enumerate(arg.items)]
+        report_conflicts(ctx, listed)
+    return ctx.default_return_type
+
+
+def report_conflicts(ctx: FunctionContext | MethodContext, arguments: list[tuple[str, Expression]]) -> None:
+    """One error for each place borrowed mutably and borrowed again among ``arguments`` (label, expression)."""
+    seen: dict[str, tuple[bool, str, Expression]] = {}
+    reported: set[str] = set()
+    for label, arg in arguments:
         borrow = borrow_of(arg)
         if borrow is None:
             continue
         place, mutable = borrow
         if place not in seen:
-            seen[place] = (mutable, position, arg)
+            seen[place] = (mutable, label, arg)
             continue
-        was_mutable, first_position, first_arg = seen[place]
-        if not (mutable or was_mutable):
+        was_mutable, first_label, first_arg = seen[place]
+        if not (mutable or was_mutable) or place in reported:
             continue  # two shared borrows are fine
+        reported.add(place)
         if mutable and was_mutable:
             ctx.api.fail(f"cannot borrow `{place}` as mutable more than once at a time", ctx.context, code=BORROW)
-            ctx.api.msg.note(
-                f"first mutable borrow of `{place}` occurs here (argument {first_position})", first_arg, code=BORROW
-            )
-            ctx.api.msg.note(f"second mutable borrow of `{place}` occurs here (argument {position})", arg, code=BORROW)
-        else:
-            now, before = ("mutable", "immutable") if mutable else ("immutable", "mutable")
-            ctx.api.fail(
-                f"cannot borrow `{place}` as {now} because it is also borrowed as {before}", ctx.context, code=BORROW
-            )
-            for kind, pos, where in sorted(
-                ((now, position, arg), (before, first_position, first_arg)), key=lambda t: t[1]
-            ):
-                ctx.api.msg.note(f"{kind} borrow of `{place}` occurs here (argument {pos})", where, code=BORROW)
-        break
+            ctx.api.msg.note(f"first mutable borrow of `{place}` occurs here ({first_label})", first_arg, code=BORROW)
+            ctx.api.msg.note(f"second mutable borrow of `{place}` occurs here ({label})", arg, code=BORROW)
+            continue
+        # Worded as rustc does: the later borrow is the one refused.
+        now, before = ("mutable", "immutable") if mutable else ("immutable", "mutable")
+        ctx.api.fail(
+            f"cannot borrow `{place}` as {now} because it is also borrowed as {before}", ctx.context, code=BORROW
+        )
+        ctx.api.msg.note(f"{before} borrow of `{place}` occurs here ({first_label})", first_arg, code=BORROW)
+        ctx.api.msg.note(f"{now} borrow of `{place}` occurs here ({label})", arg, code=BORROW)
 
 
 def check_scalars(ctx: MethodContext) -> None:
@@ -273,6 +309,8 @@ class ScopeGraphPlugin(Plugin):
             return self._launcher_type
         if fullname == _LAUNCHER_CALL:
             return check_launch
+        if fullname in _CAPTURES:
+            return check_capture
         if fullname == _LRU_CACHE_CALL or self._returns_graph_node(fullname):
             return check_graph_node_call
         return None
@@ -289,9 +327,9 @@ class ScopeGraphPlugin(Plugin):
         return _accept_params(sym.node, signature)
 
     def _launcher_type(self, ctx: MethodContext) -> Type:
-        """``k[grid, block]`` as ``Launcher[P, Literal["k"]]``: its call reaches the hooks above, and
-        the kernel's name travels in the type, through variables too (mypy drops a callable's own
-        name when it infers a variable's type)."""
+        """``k[grid, block]`` as ``Launcher[P, Literal["k"] | str]``: its call reaches the hooks
+        above, and the kernel's name travels in the type, through variables too (mypy drops a
+        callable's own name when it infers a variable's type)."""
         ret = get_proper_type(ctx.default_return_type)
         sym = self.lookup_fully_qualified(_LAUNCHER)
         if not isinstance(ret, CallableType) or sym is None or not isinstance(sym.node, TypeInfo):
@@ -302,15 +340,19 @@ class ScopeGraphPlugin(Plugin):
             sym.node,
             [
                 Parameters(ret.arg_types, ret.arg_kinds, ret.arg_names),
-                text if name is None else LiteralType(name, fallback=text),
+                # Literal["k"] | str, kept unsimplified: launchers of two kernels of one signature
+                # are then one type to mypy, so one variable may hold either.
+                text if name is None else UnionType([LiteralType(name, fallback=text), text]),
             ],
         )
 
 
 def _launch_name(launcher: Type) -> str:
-    """The kernel's name that ``Launcher[P, Literal["k"]]`` carries (see _launcher_type)."""
+    """The kernel's name that ``Launcher[P, Literal["k"] | str]`` carries (see _launcher_type)."""
     proper = get_proper_type(launcher)
     name = get_proper_type(proper.args[1]) if isinstance(proper, Instance) and len(proper.args) == 2 else None
+    if isinstance(name, UnionType):
+        name = get_proper_type(name.items[0])
     return name.value if isinstance(name, LiteralType) and isinstance(name.value, str) else _UNNAMED_LAUNCH
 
 

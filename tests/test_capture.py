@@ -107,6 +107,23 @@ def test_a_region_is_one_node_ordered_by_its_borrows(sg_stream: sg.Stream) -> No
     graph.close()
 
 
+def test_a_region_of_one_graph_is_not_recorded_into_another(sg_stream: sg.Stream) -> None:
+    dev = sg_stream.device
+    x, y = dev.full((256,), 2.0, name="x"), dev.zeros((256,), name="y")
+    with CudaGraph.scope(sg_stream) as s:
+        region = scale_region(s, y, x, 3.0)
+    with CudaGraph.scope(sg_stream) as again:
+        with pytest.raises(sg.NotAGraphNodeError, match="`capture:scale` is recorded already"):
+            again.record(region.op)
+        again.record(sg.memset(y.mut(), 0.0))
+    again.graph.close()
+    with s.graph as graph:
+        graph.launch()
+        graph.sync()
+    np.testing.assert_array_equal(y.numpy(), 6.0)
+    assert_stream_usable(sg_stream)
+
+
 def test_independent_regions_run_in_parallel_branches(sg_stream: sg.Stream) -> None:
     dev = sg_stream.device
     x = dev.from_numpy(np.ones(256, np.float32), name="x")

@@ -298,7 +298,7 @@ def test_a_scope_block_or_region_ended_twice_or_never_entered(sg_device: sg.Devi
             block.__exit__(None, None, None)
         block.__enter__()
         block.__exit__(None, None, None)
-        with pytest.raises(sg.ScopeStateError, match="this loop block is not open: .* ended already"):
+        with pytest.raises(sg.ScopeStateError, match=r"this loop block is not open: .* ended already"):
             block.__exit__(None, None, None)
         if not sg_device.is_cuda:  # a region with no foreign work in it is refused on a GPU
             region = s.capture(writes=[y.mut()], host=lambda out: np.add(out, 1.0, out=out), name="plus_one")

@@ -75,3 +75,7 @@ def test_messages_name_the_kernel_and_the_borrows(fail_results: tuple[dict[tuple
     assert "cannot borrow `self.bufs.norm` as immutable because it is also borrowed as mutable" in output
     assert "note: mutable borrow of `bufs[0]` occurs here (argument 1)" in output
     assert "cannot borrow `x` as mutable more than once at a time" in output
+    # Keyword arguments are named, and the later borrow in the call as written is the one refused.
+    assert "cannot borrow `y` as mutable because it is also borrowed as immutable" in output
+    assert 'note: immutable borrow of `y` occurs here (argument "src")' in output
+    assert "note: first mutable borrow of `bufs[0]` occurs here (writes[0])" in output

@@ -28,6 +28,10 @@ layer = Layer(dev.zeros((16,)), dev.zeros((16,)))
 def swap(a: Mut[Tensor], b: Mut[Tensor]) -> None: ...
 
 
+@sg.kernel("")
+def exchange(a: Mut[Tensor], a_in: Tensor, b: Mut[Tensor], b_in: Tensor) -> None: ...
+
+
 def my_op(out: Mut[Tensor], src: Tensor) -> sg.Memcpy:
     return sg.memcpy(out, src)
 
@@ -52,3 +56,11 @@ with CudaGraph.scope(stream) as s:
     s.record(library.rms_norm.generics(128)[1, 128](y.mut(), x, y, 1e-5, 16))  # E: scopegraph-borrow
     s.record(my_op(x.mut(), x))  # E: scopegraph-borrow
     s.record(library.matvec[1, 32](y.mut(), x, w=y, n=16, k=16))  # E: scopegraph-borrow
+    s.record(sg.memcpy(src=y, dst=y.mut()))  # E: scopegraph-borrow
+    s.record(exchange[1, 1](x.mut(), x, y.mut(), y))  # E: scopegraph-borrow, scopegraph-borrow
+    with s.capture(writes=[y.mut()], reads=[y], host=print):  # E: scopegraph-borrow
+        pass
+    with s.capture(writes=[bufs[0].mut(), bufs[0].mut()], host=print):  # E: scopegraph-borrow
+        pass
+    with s.while_(dev.zeros((1,), sg.i32)) as body, body.capture(writes=[x.mut()], reads=(x,)):  # E: scopegraph-borrow
+        pass

@@ -58,3 +58,15 @@ launch = library.axpy[1, 16] if size_of(x) else library.axpy[2, 16]
 launch(y.mut(), x, 1.0, 16)
 kernels = {"axpy": library.axpy}
 kernels["axpy"][1, 16](y.mut(), x, 1.0, 16)
+# One variable may hold launchers of several kernels of one signature.
+scalar_op = library.fill[1, 16]
+scalar_op = library.add_scalar[1, 16]
+ops = [library.fill[1, 16], library.add_scalar[1, 16]]
+ops.append(library.fill[2, 16])
+scalar_op(y.mut(), 1.0, 16)
+# A graph parameter stands wherever a scalar does, in the library's helpers too.
+eps = sg.Param("eps", sg.f32, 1e-5)
+with CudaGraph.scope(stream) as s:
+    s.record(library.rms_norm_op(y.mut(), x, x, eps))
+    s.record(library.axpy_op(y.mut(), x, eps))
+    s.record(library.fill_op(y.mut(), eps))
