@@ -10,7 +10,8 @@ What it checks
 In every call that builds a graph node (a kernel launch ``k[grid, block](...)``, ``sg.memcpy``,
 ``sg.memset``, the ``scopegraph.library`` helpers, and any function, method, overload, local
 function or callable parameter of yours whose type says it returns a ``GraphNode`` subclass or a
-union of them, also through a decorator that keeps it a function, and ``functools.cache``), the
+union of them, also through a decorator that keeps it a function, and ``functools.cache``; and a
+generic helper whose call's type is an op, ``make(sg.memcpy, y.mut(), y)``), the
 same *place* may not be passed both as a mutable borrow and as another argument. The check is
 on the call that builds the op, so it holds wherever the op is recorded: ``s.record``, or
 ``body.record`` inside ``with s.while_(flag) as body:`` / ``s.if_`` / ``s.if_else`` (typed like
@@ -47,10 +48,12 @@ mypy's types let through (a bool is an int) and scopegraph refuses when the laun
 What it cannot see
 ------------------
 Aliases made by assignment (``z = y; add(y.mut(), z, ...)``), overlapping views
-(``x[0:4].mut()`` with ``x[2:6]``), one element written two ways (``bufs[-1]`` and ``bufs[1]`` of
-a two-element list), and anything computed at run time. The runtime tracker checks
-the actual byte ranges of every op when it is built, so those still fail, with a BorrowError at
-the line that builds the op. The two checks are complementary: the plugin finds the common
+(``x[0:4].mut()`` with ``x[2:6]``, or the same slice twice), subscripts by anything but a literal
+(``layers[i].mut()`` with ``layers[i]``), one element written two ways (``bufs[-1]`` and
+``bufs[1]`` of a two-element list), a callable that no name reaches (``ops["copy"](...)``,
+``factory()(...)``, a property that returns a function), and anything computed at run time. The
+runtime tracker checks the actual byte ranges of every op when it is built, so those still fail,
+with a BorrowError at the line that builds the op. The two checks are complementary: the plugin finds the common
 mistakes in CI before any code runs; the tracker is exact.
 
 What plain typing already checks (no plugin needed): ``Scope.record`` accepts only
@@ -92,6 +95,7 @@ from mypy.types import (
     Overloaded,
     Parameters,
     Type,
+    TypeVarType,
     UnionType,
     get_proper_type,
 )
@@ -99,6 +103,7 @@ from mypy.types import (
 BORROW = ErrorCode("scopegraph-borrow", "Conflicting borrows of one place in one graph op", "scopegraph")
 
 _GRAPH_NODE = "scopegraph._ops.GraphNode"
+_OP = "scopegraph._ops.Op"
 _KERNEL_GETITEM = "scopegraph._kernel.Kernel.__getitem__"
 _LAUNCHER = "scopegraph._kernel.Launcher"
 _LAUNCHER_CALL = "scopegraph._kernel.Launcher.__call__"
@@ -150,8 +155,10 @@ def borrow_of(expr: Expression) -> tuple[str, bool] | None:
 
 
 def check_graph_node_call(ctx: FunctionContext | MethodContext) -> Type:
-    """A call whose type says it builds a graph node (other calls pass untouched): its borrows."""
-    if _makes_graph_node(ctx.default_return_type):
+    """A call whose type says it builds an op (other calls pass untouched): its borrows. Any op,
+    not only a graph node: a generic helper's call may be typed by its context (``stream.run``
+    takes an ``Op[R]``), and no op takes one place both mutably and again."""
+    if _makes_graph_node(ctx.default_return_type, _OP):
         check_borrows(ctx)
     return ctx.default_return_type
 
@@ -264,21 +271,23 @@ def _kernel_name(expr: Expression) -> str | None:
     return place_of(expr)
 
 
-def _makes_graph_node(typ: Type) -> bool:
-    """A GraphNode subclass, or a union of them (``sg.Memcpy | sg.Memset``, None allowed)."""
+def _makes_graph_node(typ: Type, base: str = _GRAPH_NODE) -> bool:
+    """A GraphNode (``base``) subclass, or a union of them (``sg.Memcpy | sg.Memset``, None allowed)."""
     proper = get_proper_type(typ)
     items = [get_proper_type(t) for t in proper.items] if isinstance(proper, UnionType) else [proper]
     nodes = [t for t in items if not isinstance(t, NoneType)]
-    return bool(nodes) and all(isinstance(t, Instance) and t.type.has_base(_GRAPH_NODE) for t in nodes)
+    return bool(nodes) and all(isinstance(t, Instance) and t.type.has_base(base) for t in nodes)
 
 
 def _may_make_graph_node(typ: Type | None) -> bool:
-    """Whether calling something of this type may return a graph node (a function or an overload)."""
+    """Whether calling something of this type may return a graph node (a function or an overload):
+    one that returns a GraphNode, or a type variable (a generic helper, ``make(sg.memcpy, ...)``:
+    the call's own return type decides)."""
     proper = get_proper_type(typ)
     if isinstance(proper, CallableType):
-        return _makes_graph_node(proper.ret_type)
+        return _makes_graph_node(proper.ret_type) or isinstance(get_proper_type(proper.ret_type), TypeVarType)
     if isinstance(proper, Overloaded):
-        return any(_makes_graph_node(item.ret_type) for item in proper.items)
+        return any(_may_make_graph_node(item) for item in proper.items)
     return False
 
 

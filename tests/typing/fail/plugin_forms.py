@@ -3,7 +3,7 @@ through a variable or a container; and a bool where a kernel takes an int or flo
 
 import functools
 from collections.abc import Callable
-from typing import ParamSpec, overload
+from typing import ParamSpec, TypeVar, overload
 
 import scopegraph as sg
 from scopegraph import CudaGraph, Mut, Tensor, library
@@ -15,6 +15,8 @@ y = dev.zeros((16,))
 bufs = [dev.zeros((16,)) for _ in range(2)]
 flag = True
 P = ParamSpec("P")
+N = TypeVar("N", bound=sg.GraphNode)
+T = TypeVar("T")
 
 
 @sg.kernel("")
@@ -77,3 +79,17 @@ def some_kernel() -> sg.Kernel[[Mut[Tensor], Tensor, float, int]]:
 
 
 some_kernel()[1, 16](y.mut(), x, 1.0)  # E: call-arg
+
+
+# Generic helpers: the call's own type says it builds an op.
+def make(f: Callable[P, N], *args: P.args, **kwargs: P.kwargs) -> N:
+    return f(*args, **kwargs)
+
+
+def call(f: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    return f(*args, **kwargs)
+
+
+stream.run(make(sg.memcpy, x.mut(), x))  # E: scopegraph-borrow
+stream.run(call(sg.memcpy, y.mut(), y))  # E: scopegraph-borrow
+stream.run(call(library.add_op, bufs[1].mut(), x, bufs[1]))  # E: scopegraph-borrow

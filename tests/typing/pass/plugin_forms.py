@@ -2,7 +2,7 @@
 
 import functools
 from collections.abc import Callable
-from typing import overload
+from typing import ParamSpec, TypeVar, overload
 
 import scopegraph as sg
 from scopegraph import CudaGraph, Mut, Tensor, library
@@ -70,3 +70,15 @@ with CudaGraph.scope(stream) as s:
     s.record(library.rms_norm_op(y.mut(), x, x, eps))
     s.record(library.axpy_op(y.mut(), x, eps))
     s.record(library.fill_op(y.mut(), eps))
+
+# Generic helpers over ops, and over anything else.
+T = TypeVar("T")
+P = ParamSpec("P")
+
+
+def call(f: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    return f(*args, **kwargs)
+
+
+stream.run(call(sg.memcpy, y.mut(), x))
+print(call(len, [x, x]), call(max, x.size, x.size))
