@@ -168,6 +168,26 @@ def test_a_world_of_one() -> None:
         comm.all_reduce(x.mut())
 
 
+def test_one_collective_op_recorded_into_two_graphs() -> None:
+    """A collective is built by the user like a kernel launch: unlike a loop or a region (which
+    its `with` block records once), it may go into several graphs."""
+    comm = one_rank()
+    stream = comm.device.stream()
+    x = comm.device.from_numpy(np.arange(4, dtype=np.float32), name="x")
+    reduce = comm.all_reduce(x.mut())
+    graphs = []
+    for _ in range(2):
+        with CudaGraph.scope(stream) as s:
+            s.record(reduce)
+            s.record(library.add_scalar_op(x.mut(), 1.0))
+        graphs.append(s.graph)
+    for graph in graphs:
+        graph.launch()
+        graph.close()
+    np.testing.assert_array_equal(x.numpy(), np.arange(4) + 2)
+    comm.close()
+
+
 def test_collectives_of_one_communicator_are_chained() -> None:
     comm = one_rank()
     dev = comm.device
