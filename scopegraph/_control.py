@@ -49,7 +49,10 @@ Iteration bounds: ``max_iterations=N`` allows at most N iterations per run of th
 - on the GPU the loop ends there (the condition kernel counts iterations in a small tensor the
   loop owns), the rest of the graph runs on whatever the body left, and the next
   ``graph.sync()`` raises :class:`LoopLimitError`. (``stream.sync()`` or reading a tensor does
-  not check; the overrun stays recorded until a ``graph.sync()`` reports it.)
+  not check; the overrun stays recorded until a ``graph.sync()`` reports it, also when
+  ``CudaGraph.scope(stream, into=graph)`` has meanwhile given the graph a new recording.) That
+  report reads and resets the counters under the graph's lock, so a launch from another thread
+  waits for it.
 
 Without ``max_iterations`` the GPU loops until the body clears ``flag``: a body that never does
 runs forever, the stream never drains and ``sync()`` never returns (the process must be killed).

@@ -182,9 +182,13 @@ class CudaGraph:
         if self._last_launch is not self._stream:
             self._last_launch.sync()
         self._stream.sync()
-        after_sync = getattr(exe, "after_sync", None)  # reports a GPU loop stopped by its max_iterations (_control)
-        if after_sync is not None:
-            after_sync()
+        # Reports a GPU loop stopped by its max_iterations (_control). Under the lock: a replay
+        # enqueued between the counters' read and their reset (a copy not ordered with the graph's
+        # streams) would have its count and its report wiped.
+        with self._lock:
+            after_sync = getattr(self._exec, "after_sync", None)  # the executable into= may have replaced
+            if after_sync is not None:
+                after_sync()
 
     def close(self) -> None:
         """Destroy the executable graph and release the pins on its tensors. Idempotent, and safe
@@ -281,6 +285,9 @@ class CudaGraph:
                 self.last_update = "whole"
             else:
                 rebuilt = stream.device.backend.build(nodes, stream)
+                take_reports = getattr(rebuilt, "take_reports_of", None)  # of bounded loops (_control)
+                if take_reports is not None:
+                    take_reports(exe)
                 self._unpin.detach()
                 self._exec = rebuilt
                 self._unpin = weakref.finalize(self, _close, rebuilt, self._pin)

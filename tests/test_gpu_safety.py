@@ -10,6 +10,8 @@ skip without a GPU."""
 from __future__ import annotations
 
 import gc
+import threading
+import time
 from typing import Annotated, Any
 
 import numpy as np
@@ -645,3 +647,75 @@ def test_a_rebind_that_stops_a_graph_writing_memory_keeps_its_replay_ordered(cud
         for stream in (a, b):
             stream.sync()
     np.testing.assert_array_equal(out.numpy(), 3.0)
+
+
+# -- a bounded loop's overrun report (scopegraph._control): its counter is read and reset by
+# graph.sync() after the replays, with copies the graph's streams do not order
+
+
+BOUND = 3
+
+
+def _stuck_loop(s: sg.Scope, flag: Tensor, x: Tensor, cycles: int, tail: Tensor | None = None) -> None:
+    """A loop that never clears its flag: each replay stops at BOUND iterations of x += 1."""
+    with s.while_(flag, max_iterations=BOUND) as body:
+        body.record(slow_increment[1, 1](x.mut(), cycles))
+    if tail is not None:  # a slow node after the loop
+        s.record(slow_increment[1, 1](tail.mut(), CYCLES // 2))
+
+
+@pytest.mark.parametrize("case", ["finished", "in flight", "rebuilt"])
+def test_recording_into_a_graph_keeps_the_overrun_of_an_earlier_replay(cuda: sg.Device, case: str) -> None:
+    """A replay of the first recording stopped its loop at the bound; `into=` then took a new
+    recording, with a counter of its own: in place (the replay done or still running) or rebuilt.
+    The next graph.sync() still reports the first replay's overrun."""
+    stream = cuda.stream()
+    flag = cuda.from_numpy(np.array([1], np.int32), name="stuck")
+    x, y = cuda.zeros((1,), name="x"), cuda.zeros((1,), name="y")
+    cycles = CYCLES // 4 if case == "in flight" else 0
+    with CudaGraph.scope(stream) as s:
+        _stuck_loop(s, flag, x, cycles)
+    graph = s.graph
+    graph.launch()
+    if case != "in flight":
+        stream.sync()  # reports nothing, as documented: graph.sync() does
+    with CudaGraph.scope(stream, into=graph) as again:
+        _stuck_loop(again, flag, x, cycles, y if case == "rebuilt" else None)
+    assert graph.last_update == ("rebuilt" if case == "rebuilt" else "whole")
+    with pytest.raises(sg.LoopLimitError):
+        graph.sync()
+    graph.close()
+
+
+@pytest.mark.parametrize("late", [False, True], ids=["reset during the loop", "reset after it"])
+def test_a_launch_from_another_thread_during_sync_keeps_its_bound_and_its_report(
+    cuda: sg.Device, late: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another thread launches the graph while graph.sync() has read the loop's counter and not yet
+    reset it: the reset must not land in that replay (its loop would run past the bound, or its
+    overrun go unreported)."""
+    stream = cuda.stream()
+    flag = cuda.from_numpy(np.array([1], np.int32), name="stuck")
+    x, y = cuda.zeros((1,), name="x"), cuda.zeros((1,), name="y")
+    with CudaGraph.scope(stream) as s:
+        _stuck_loop(s, flag, x, 0 if late else CYCLES // 5, y if late else None)
+    graph = s.graph
+    graph.launch()
+    backend, write = cuda.backend, type(cuda.backend).write
+    launcher: list[threading.Thread] = []
+
+    def reset(tensor: Tensor, array: Any, on: Any) -> None:  # the counter's reset: another launch first
+        monkeypatch.undo()
+        launcher.append(threading.Thread(target=graph.launch))
+        launcher[0].start()
+        time.sleep(0.02 if late else 0.005)
+        write(backend, tensor, array, on)
+
+    monkeypatch.setattr(backend, "write", reset)
+    with pytest.raises(sg.LoopLimitError):
+        graph.sync()  # the first replay's overrun
+    launcher[0].join()
+    with pytest.raises(sg.LoopLimitError):
+        graph.sync()  # the second one's
+    assert x.numpy()[0] == 2 * BOUND  # each replay ran the loop exactly BOUND times
+    graph.close()

@@ -24,6 +24,7 @@ library's Python steps instead of running whole launches in one time slice.
 from __future__ import annotations
 
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from threading import Barrier
@@ -190,3 +191,41 @@ def test_only_the_thread_that_opened_a_scope_records_into_it(sg_device: sg.Devic
         graph.sync()
     np.testing.assert_array_equal(x.numpy(), np.full(16, 2.0, np.float32))  # flag 0: the branch is skipped
     assert_stream_usable(sg_stream)
+
+
+def test_a_launch_waits_while_sync_reads_and_resets_the_loop_counters() -> None:
+    """graph.sync() reads a bounded loop's counter, then resets it by a copy that the graph's
+    streams do not order (CUDA backend: after_sync): another thread's launch must come after the
+    reset, or the reset lands in that replay. Here after_sync lets another thread launch between
+    the read and the reset; the launch has to wait for the graph's lock."""
+    dev = sg.device("host")
+    stream = dev.stream()
+    flag, x = dev.zeros((1,), sg.i32, name="done"), dev.zeros((4,), name="x")
+    with CudaGraph.scope(stream) as s, s.while_(flag, max_iterations=2) as body:
+        body.record(library.add_scalar_op(x.mut(), 1.0))
+    graph = s.graph
+    host_executable = graph.executable
+    seen: list[str] = []
+    other: list[threading.Thread] = []
+
+    class WithCounters:  # the host executable, with the CUDA executable's after_sync hook
+        def __getattr__(self, name: str) -> Any:
+            return getattr(host_executable, name)
+
+        def launch(self, on: sg.Stream) -> None:
+            host_executable.launch(on)
+            seen.append("replay enqueued")
+
+        def after_sync(self) -> None:
+            seen.append("counters read")
+            other.append(threading.Thread(target=graph.launch))
+            other[0].start()
+            other[0].join(0.5)
+            seen.append("counters reset")
+
+    graph._exec = WithCounters()  # type: ignore[assignment]
+    graph.sync()
+    other[0].join()
+    assert seen == ["counters read", "counters reset", "replay enqueued"]
+    graph._exec = host_executable
+    graph.close()

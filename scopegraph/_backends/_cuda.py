@@ -173,7 +173,7 @@ class _CudaExecutable:
                 setter, again, (handle, counter, limit) = self.conditions[index]
                 if isinstance(op, While) and op.max_iterations is not None:
                     # A new recording's loop (into=) counts in its own counter, to its own bound.
-                    self.bounded = tuple(op if _counter_address(b) == counter else b for b in self.bounded)
+                    self._replace_bounded(tuple(op if _counter_address(b) == counter else b for b in self.bounded))
                     counter, limit = _counter_address(op), np.int32(op.max_iterations)
                     self.conditions[index] = (setter, again, (handle, counter, limit))
                 fn, config = backend._condition_kernel()
@@ -242,15 +242,31 @@ class _CudaExecutable:
             self.graph.update(definition)  # cuGraphExecUpdate: a refusal leaves a graph we then replace
         except Exception:
             return False
-        self.bounded = tuple(built.bounded)
+        self._replace_bounded(tuple(built.bounded))
         return True
 
     # Loops recorded with max_iterations: the GPU stops one at its bound and marks its counter;
     # graph.sync() then calls after_sync, which reports it (see scopegraph._control).
     bounded: tuple[While, ...] = ()
+    # Bounded loops of recordings this executable no longer runs (into= took a new one): replays
+    # launched before may have marked their counters, which the next after_sync still reports.
+    retired: tuple[While, ...] = ()
+
+    def _replace_bounded(self, bounded: tuple[While, ...]) -> None:
+        kept = {_counter_address(loop) for loop in bounded}
+        self.retired += tuple(loop for loop in self.bounded if _counter_address(loop) not in kept)
+        self.bounded = bounded
+
+    def take_reports_of(self, replaced: _CudaExecutable) -> None:
+        """This executable replaces ``replaced`` (into= rebuilt the graph): overruns of its replays
+        are reported by this one's next after_sync."""
+        self.retired = (*replaced.bounded, *replaced.retired)
 
     def after_sync(self) -> None:
-        overrun = [loop for loop in self.bounded if loop.counter is not None and loop.counter.numpy()[1]]
+        """graph.sync(), with the graph's lock held, once every replay so far has finished: report
+        (and reset) the counter of each bounded loop stopped at its bound."""
+        loops, self.retired = (*self.bounded, *self.retired), ()
+        overrun = [loop for loop in loops if loop.counter is not None and loop.counter.numpy()[1]]
         for loop in overrun:  # each one reported once: all reset, the first one raised
             assert loop.counter is not None
             self.backend.write(loop.counter, np.zeros(2, np.int32), None)
