@@ -39,11 +39,12 @@ It also names the kernel in mypy's messages for a launch (``Argument 1 to "axpy"
 incompatible type ...``), through a variable that holds ``axpy[grid, block]`` too (a kernel held
 in a container is named by its place, ``kernels['axpy']``; one no expression names is "kernel
 launch"). One variable may hold launchers of several kernels of one signature; it is named after
-the first it was given. It lets a launch take a graph parameter where the kernel takes a scalar: an ``sg.f32``
-parameter accepts ``float`` or ``sg.Param[float]``, an ``sg.i32`` one ``int`` or
+the first it was given. It lets a launch take a graph parameter where the kernel takes a scalar:
+an ``sg.f32`` parameter accepts ``float`` or ``sg.Param[float]``, an ``sg.i32`` one ``int`` or
 ``sg.Param[int]`` (see ``scopegraph._params``). A ``bool`` for an int or float scalar, which
 mypy's types let through (a bool is an int) and scopegraph refuses when the launch is built, is an
-``arg-type`` error.
+``arg-type`` error, in a launch and in a ``scopegraph.library`` helper (``axpy_op(y.mut(), x,
+True)``).
 
 What it cannot see
 ------------------
@@ -63,7 +64,7 @@ through ``ParamSpec`` (count, names, ``Mut[Tensor]`` against ``Tensor``, scalar 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from mypy.errorcodes import ARG_TYPE, ErrorCode
 from mypy.nodes import (
@@ -104,6 +105,7 @@ BORROW = ErrorCode("scopegraph-borrow", "Conflicting borrows of one place in one
 
 _GRAPH_NODE = "scopegraph._ops.GraphNode"
 _OP = "scopegraph._ops.Op"
+_LIBRARY = "scopegraph.library."
 _KERNEL_GETITEM = "scopegraph._kernel.Kernel.__getitem__"
 _LAUNCHER = "scopegraph._kernel.Launcher"
 _LAUNCHER_CALL = "scopegraph._kernel.Launcher.__call__"
@@ -232,14 +234,31 @@ def check_scalars(ctx: MethodContext) -> None:
     """A bool where a kernel takes an int or float scalar: mypy lets it through (a bool is an int),
     and scopegraph refuses it when the launch is built, so it is an ``arg-type`` error here too."""
     launcher = ctx.type
-    if not isinstance(launcher, Instance) or not isinstance(ctx.context, CallExpr):
+    declared = get_proper_type(launcher.args[0]) if isinstance(launcher, Instance) else None
+    if isinstance(declared, Parameters):
+        refuse_bools(ctx, declared.arg_types, _launch_name(launcher))
+
+
+def check_library_helper(signature: CallableType, name: str) -> Callable[[FunctionContext], Type]:
+    """A ``scopegraph.library`` helper (``axpy_op``): its borrows, and no bool where it takes a
+    scalar (which becomes a kernel scalar)."""
+
+    def check(ctx: FunctionContext) -> Type:
+        check_borrows(ctx)
+        refuse_bools(ctx, signature.arg_types, name)
+        return ctx.default_return_type
+
+    return check
+
+
+def refuse_bools(ctx: FunctionContext | MethodContext, formals: Sequence[Type], name: str) -> None:
+    """An ``arg-type`` error for each bool given where ``formals`` take an int or a float (alone, or
+    in a union with ``sg.Param``)."""
+    if len(formals) != len(ctx.args) or not isinstance(ctx.context, CallExpr):
         return
-    declared = get_proper_type(launcher.args[0])
-    if not isinstance(declared, Parameters) or len(declared.arg_types) != len(ctx.args):
-        return
-    for formal, actuals, types in zip(declared.arg_types, ctx.args, ctx.arg_types, strict=True):
-        expected = get_proper_type(formal)
-        if not isinstance(expected, Instance) or expected.type.fullname not in ("builtins.int", "builtins.float"):
+    for formal, actuals, types in zip(formals, ctx.args, ctx.arg_types, strict=True):
+        scalar = _scalar_name(formal)
+        if scalar is None:
             continue
         for actual, typ in zip(actuals, types, strict=True):
             given = get_proper_type(typ)
@@ -247,16 +266,27 @@ def check_scalars(ctx: MethodContext) -> None:
                 given = given.fallback
             if isinstance(given, Instance) and given.type.fullname == "builtins.bool":
                 # Numbered or named as mypy's own messages do.
-                at = next(i for i, arg in enumerate(ctx.context.args) if arg is actual)
+                at = next((i for i, arg in enumerate(ctx.context.args) if arg is actual), None)
+                if at is None:  # an argument unpacked from *args or **kwargs
+                    continue
                 keyword = ctx.context.arg_names[at]
                 argument = f'"{keyword}"' if keyword is not None else str(at + 1)
                 ctx.api.fail(
-                    f'Argument {argument} to "{_launch_name(launcher)}" has incompatible type "bool"; '
-                    f'expected "{expected.type.name}" (a kernel scalar takes no bool: scopegraph refuses it '
-                    "when the launch is built)",
+                    f'Argument {argument} to "{name}" has incompatible type "bool"; expected "{scalar}" '
+                    "(a kernel scalar takes no bool: scopegraph refuses it when the launch is built)",
                     actual,
                     code=ARG_TYPE,
                 )
+
+
+def _scalar_name(formal: Type) -> str | None:
+    """ "int" or "float" for a parameter that takes a kernel scalar (or an ``sg.Param`` of one)."""
+    proper = get_proper_type(formal)
+    items = [get_proper_type(t) for t in proper.items] if isinstance(proper, UnionType) else [proper]
+    for item in items:
+        if isinstance(item, Instance) and item.type.fullname in ("builtins.int", "builtins.float"):
+            return item.type.name
+    return None
 
 
 def _kernel_name(expr: Expression) -> str | None:
@@ -307,6 +337,12 @@ class ScopeGraphPlugin(Plugin):
         return False
 
     def get_function_hook(self, fullname: str) -> Callable[[FunctionContext], Type] | None:
+        if fullname.startswith(_LIBRARY):
+            sym = self.lookup_fully_qualified(fullname)
+            helper = sym.node if sym is not None else None
+            signature = helper.type if isinstance(helper, FuncDef) else None
+            if isinstance(signature, CallableType) and _makes_graph_node(signature.ret_type):
+                return check_library_helper(signature, fullname.removeprefix(_LIBRARY))
         # A bare name is a local (a parameter, a local function or variable), which cannot be
         # looked up: the hook looks at the call's own type instead.
         if fullname.isidentifier() or self._returns_graph_node(fullname):

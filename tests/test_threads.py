@@ -223,7 +223,7 @@ def test_a_launch_waits_while_sync_reads_and_resets_the_loop_counters() -> None:
             other[0].join(0.5)
             seen.append("counters reset")
 
-    graph._exec = WithCounters()  # type: ignore[assignment]
+    graph._exec = WithCounters()
     graph.sync()
     other[0].join()
     assert seen == ["counters read", "counters reset", "replay enqueued"]

@@ -93,3 +93,7 @@ def call(f: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
 stream.run(make(sg.memcpy, x.mut(), x))  # E: scopegraph-borrow
 stream.run(call(sg.memcpy, y.mut(), y))  # E: scopegraph-borrow
 stream.run(call(library.add_op, bufs[1].mut(), x, bufs[1]))  # E: scopegraph-borrow
+
+# A bool where a library helper takes a scalar (it becomes a kernel scalar).
+stream.run(library.axpy_op(y.mut(), x, flag))  # E: arg-type
+stream.run(library.fill_op(y.mut(), value=False))  # E: arg-type

@@ -82,3 +82,5 @@ def call(f: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
 
 stream.run(call(sg.memcpy, y.mut(), x))
 print(call(len, [x, x]), call(max, x.size, x.size))
+stream.run(library.axpy_op(y.mut(), x, 2))  # an int for a float scalar is exact
+print(library.rms_norm_block(256), library.AXPY_BLOCK)
