@@ -86,8 +86,8 @@ from ._errors import (
     SignatureError,
     diagnostic,
 )
-from ._ops import RecordedOnce, borrowed_tensor
-from ._scope import RecordedNode, Scope, _State
+from ._ops import GraphNode, borrowed_tensor
+from ._scope import RecordedNode, Scope, _State, not_open
 from ._tensor import Mut, Tensor
 
 if TYPE_CHECKING:
@@ -136,7 +136,7 @@ def _check_host(host: object, what: str, arguments: list[str]) -> None:
 _REGION = object()  # what Region passes to Captured: the only maker of one
 
 
-class Captured(RecordedOnce):
+class Captured(GraphNode):
     """Foreign GPU work as one child-graph node: declared reads and writes, the captured graph
     (``definition``, set when the region's capture ends), what must stay alive with it (``kept``),
     and the host backend's stand-in (``host``). Not runnable eagerly: it runs inside a graph."""
@@ -163,7 +163,6 @@ class Captured(RecordedOnce):
             )
         self.label_name = name
         self.where = where
-        self.taken = False
         what = f"capture:{name}"  # the op's label, as graph.nodes and DOT pictures show it
         lists = "reads= and writes= take lists of tensors"
         written = _listed(writes, "writes", what, lists, "writes=[c.mut()]")
@@ -777,10 +776,7 @@ class Region:
         if not self._open:  # an ExitStack unwinding twice, or a region never entered: record it once
             if exc_type is not None:
                 return
-            raise ScopeStateError(
-                "this captured region is not open: it was never entered, or it has ended already\n"
-                "help: use it as `with s.capture(...) as region:`, which enters and ends it once"
-            )
+            raise not_open("this captured region", "with s.capture(...) as region:")
         self._open = False
         owner = self.owner
         owner._inner = None

@@ -314,10 +314,6 @@ class Collective(Captured):
                 )
             )
 
-    def take(self) -> None:
-        """A collective is built by the user, like a kernel launch, and may be recorded into any
-        number of graphs: each graph's build captures its NCCL call afresh (``child``)."""
-
     def _check_sizes(self) -> None:
         dst, src, n = self.dst, self.src, self.comm.world_size
         if dst.dtype != src.dtype:

@@ -78,7 +78,7 @@ from ._kernel import KernelLaunch, kernel
 from ._ops import GraphNode, Join, Memcpy, Memset, RecordedOnce
 from ._params import note_params
 from ._pdl import NONE, EdgeKinds
-from ._scope import RecordedNode, Scope, _not_a_graph_node, _State, end_inner
+from ._scope import RecordedNode, Scope, _not_a_graph_node, _State, end_inner, not_open
 from ._stream import check_runnable
 from ._tensor import Mut, Tensor
 from ._tracker import ORDERS
@@ -381,10 +381,7 @@ class Block(Generic[T_co]):
         if not self._open:  # an ExitStack unwinding twice, or a block never entered: record it once
             if exc_type is not None:
                 return
-            raise ScopeStateError(
-                f"this {self.description} block is not open: it was never entered, or it has ended already\n"
-                "help: use it as `with s.while_(flag) as body:` (or s.if_), which enters and ends it once"
-            )
+            raise not_open(f"this {self.description} block", "with s.while_(flag) as body:")
         self._open = False
         owner = self.owner
         owner._inner = None

@@ -188,7 +188,7 @@ class CudaGraph:
         with self._lock:
             after_sync = getattr(self._exec, "after_sync", None)  # the executable into= may have replaced
             if after_sync is not None:
-                after_sync()
+                after_sync(self._last_launch)
 
     def close(self) -> None:
         """Destroy the executable graph and release the pins on its tensors. Idempotent, and safe

@@ -14,7 +14,7 @@ import numpy as np
 
 from ._borrow import Borrow, check_borrows
 from ._dtypes import DType, DTypeLike, as_dtype, float32
-from ._errors import NotAGraphNodeError, SignatureError, diagnostic
+from ._errors import NotAGraphNodeError, ScopeStateError, SignatureError, diagnostic
 from ._tensor import Mut, Tensor, _refuse_bool, check_name, check_shape
 
 if TYPE_CHECKING:
@@ -116,10 +116,11 @@ class GraphNode(Op[None]):
 
 
 class RecordedOnce(GraphNode):
-    """A node that its ``with`` block makes and records: a loop, a branch, a captured region. Its
-    bodies, or its captured graph, belong to that one recording (a rebind or a re-recording of the
-    graph changes them in place), so recording it again, say ``g.nodes[i].op`` into another scope,
-    is refused rather than leaving two graphs sharing one loop."""
+    """A node that its ``with`` block makes and records: a loop or a branch. Its bodies belong to
+    that one recording (a rebind or a re-recording of the graph changes them in place), so
+    recording it again, say ``g.nodes[i].op`` into another scope, is refused rather than leaving
+    two graphs sharing one body. (scopegraph._control's ControlNode; the scope checks this base,
+    as it cannot import that module.)"""
 
     __slots__ = ("taken",)
 
@@ -128,12 +129,12 @@ class RecordedOnce(GraphNode):
     def take(self) -> None:
         """Called as the node is recorded: the first time only."""
         if self.taken:
-            raise NotAGraphNodeError(
+            raise ScopeStateError(
                 diagnostic(
                     f"`{self.name}` is recorded already, in the graph its `with` block recorded it into",
-                    ["its bodies or captured work belong to that graph: changing one graph would change the other"],
-                    help="open the loop, branch or region again in this scope (s.while_, s.if_, s.if_else, "
-                    "s.capture), or run the other graph",
+                    ["its bodies belong to that graph: a change to one graph would change the other"],
+                    help="open the loop or branch again in this scope (s.while_, s.if_, s.if_else), "
+                    "or launch the other graph",
                 )
             )
         self.taken = True

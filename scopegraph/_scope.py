@@ -330,10 +330,7 @@ class Scope:
         if self._state is not _State.OPEN:  # an ExitStack unwinding twice, or a scope never entered
             if exc_type is not None:
                 return  # the exception in flight says more
-            raise ScopeStateError(
-                f"this scope is not open ({self._state.value}): it was never entered, or it has ended already\n"
-                "help: use it as `with CudaGraph.scope(stream) as s:`, which enters and ends it once"
-            )
+            raise not_open("this scope", "with CudaGraph.scope(stream) as s:")
         self.stream.recording = None
         unclosed = end_inner(self, "scope", exc_type)
         if unclosed is not None:
@@ -367,6 +364,14 @@ class Scope:
         self._tracker = None
         self._edge_kinds.clear()
         self._state = _State.FAILED
+
+
+def not_open(what: str, usage: str) -> ScopeStateError:
+    """The error for ``__exit__`` of a scope, block or region that is not open."""
+    return ScopeStateError(
+        f"{what} is not open: it was never entered, or it has ended already\n"
+        f"help: use it as `{usage}`, which enters and ends it once"
+    )
 
 
 def end_inner(owner: Scope | Body, described: str, exc_type: type[BaseException] | None) -> ScopeStateError | None:

@@ -174,17 +174,45 @@ def check_launch(ctx: MethodContext) -> Type:
 
 def check_borrows(ctx: FunctionContext | MethodContext) -> None:
     """Report conflicting borrows among a graph-node call's arguments, in the order written."""
+    report_conflicts(ctx, written_arguments(ctx))
+
+
+def written_arguments(ctx: FunctionContext | MethodContext) -> list[tuple[str, Expression]]:
+    """The call's arguments in the order written, each with its label in notes."""
     call = ctx.context
-    if isinstance(call, CallExpr):
-        parts = zip(call.args, call.arg_kinds, call.arg_names, strict=True)
-        written = [
-            (f'argument "{name}"' if name is not None else f"argument {position}", arg)
-            for position, (arg, kind, name) in enumerate(parts, start=1)
-            if kind in (ARG_POS, ARG_NAMED)  # *args and **kwargs name no place
-        ]
-    else:
-        written = [(f"argument {i}", arg) for i, arg in enumerate((a for group in ctx.args for a in group), start=1)]
-    report_conflicts(ctx, written)
+    if not isinstance(call, CallExpr):
+        return [(f"argument {i}", arg) for i, arg in enumerate((a for group in ctx.args for a in group), start=1)]
+    parts = zip(call.args, call.arg_kinds, call.arg_names, strict=True)
+    return [
+        (f'argument "{name}"' if name is not None else f"argument {position}", arg)
+        for position, (arg, kind, name) in enumerate(parts, start=1)
+        if kind in (ARG_POS, ARG_NAMED)  # *args and **kwargs name no place
+    ]
+
+
+def check_forwarding_helper(signature: CallableType, method: bool) -> Callable[[FunctionContext | MethodContext], Type]:
+    """A generic helper that forwards ``*args: P.args, **kwargs: P.kwargs`` to the callable that
+    builds its op (``make(sg.memcpy, y.mut(), y)``): when the call's type is an op, the borrows
+    among the arguments that go to ``*args`` and ``**kwargs``, the only ones that reach the op."""
+    kinds = signature.arg_kinds[1:] if method else signature.arg_kinds  # a method's call has no `self`
+    names = signature.arg_names[1:] if method else signature.arg_names
+    before_star = next((i for i, kind in enumerate(kinds) if kind.is_star()), len(kinds))
+    own_names = {name for name, kind in zip(names, kinds, strict=True) if not kind.is_star()}
+
+    def check(ctx: FunctionContext | MethodContext) -> Type:
+        call = ctx.context
+        if _makes_graph_node(ctx.default_return_type, _OP) and isinstance(call, CallExpr):
+            forwarded = {
+                id(arg)
+                for position, (arg, kind, name) in enumerate(
+                    zip(call.args, call.arg_kinds, call.arg_names, strict=True)
+                )
+                if (kind == ARG_POS and position >= before_star) or (kind == ARG_NAMED and name not in own_names)
+            }
+            report_conflicts(ctx, [(label, arg) for label, arg in written_arguments(ctx) if id(arg) in forwarded])
+        return ctx.default_return_type
+
+    return check
 
 
 def check_capture(ctx: MethodContext) -> Type:
@@ -315,26 +343,33 @@ def _may_make_graph_node(typ: Type | None) -> bool:
     the call's own return type decides)."""
     proper = get_proper_type(typ)
     if isinstance(proper, CallableType):
-        return _makes_graph_node(proper.ret_type) or isinstance(get_proper_type(proper.ret_type), TypeVarType)
+        return _makes_graph_node(proper.ret_type, _OP) or isinstance(get_proper_type(proper.ret_type), TypeVarType)
     if isinstance(proper, Overloaded):
         return any(_may_make_graph_node(item) for item in proper.items)
     return False
 
 
 class ScopeGraphPlugin(Plugin):
-    def _returns_graph_node(self, fullname: str) -> bool:
-        """Whether the function, class, overload or variable ``fullname`` may build a graph node. The
-        hook checks each call's own return type, so this may only err on the side of yes."""
+    def _op_call_hook(self, fullname: str, method: bool) -> Callable[[FunctionContext | MethodContext], Type] | None:
+        """The check of a call of the function, class, overload or variable ``fullname`` if it may
+        build an op. The check looks at each call's own return type, so this may only err on the
+        side of yes."""
         sym = self.lookup_fully_qualified(fullname)
         node = sym.node if sym is not None else None
         if isinstance(node, TypeInfo):
-            return node.has_base(_GRAPH_NODE)
+            return check_graph_node_call if node.has_base(_OP) else None
         if isinstance(node, Decorator):
             # The decorated type where mypy has it (a decorator may change what a call returns).
-            return _may_make_graph_node(node.var.type or node.func.type)
-        if isinstance(node, (FuncDef, OverloadedFuncDef, Var)):
-            return _may_make_graph_node(node.type)
-        return False
+            typ = node.var.type or node.func.type
+        elif isinstance(node, (FuncDef, OverloadedFuncDef, Var)):
+            typ = node.type
+        else:
+            return None
+        proper = get_proper_type(typ)
+        generic = isinstance(proper, CallableType) and isinstance(get_proper_type(proper.ret_type), TypeVarType)
+        if isinstance(proper, CallableType) and generic and any(kind.is_star() for kind in proper.arg_kinds):
+            return check_forwarding_helper(proper, method)
+        return check_graph_node_call if _may_make_graph_node(typ) else None
 
     def get_function_hook(self, fullname: str) -> Callable[[FunctionContext], Type] | None:
         if fullname.startswith(_LIBRARY):
@@ -345,9 +380,7 @@ class ScopeGraphPlugin(Plugin):
                 return check_library_helper(signature, fullname.removeprefix(_LIBRARY))
         # A bare name is a local (a parameter, a local function or variable), which cannot be
         # looked up: the hook looks at the call's own type instead.
-        if fullname.isidentifier() or self._returns_graph_node(fullname):
-            return check_graph_node_call
-        return None
+        return check_graph_node_call if fullname.isidentifier() else self._op_call_hook(fullname, method=False)
 
     def get_method_hook(self, fullname: str) -> Callable[[MethodContext], Type] | None:
         if fullname == _KERNEL_GETITEM:
@@ -356,9 +389,7 @@ class ScopeGraphPlugin(Plugin):
             return check_launch
         if fullname in _CAPTURES:
             return check_capture
-        if fullname == _LRU_CACHE_CALL or self._returns_graph_node(fullname):
-            return check_graph_node_call
-        return None
+        return check_graph_node_call if fullname == _LRU_CACHE_CALL else self._op_call_hook(fullname, method=True)
 
     def get_method_signature_hook(self, fullname: str) -> Callable[[MethodSigContext], CallableType] | None:
         return self._launch_signature if fullname == _LAUNCHER_CALL else None

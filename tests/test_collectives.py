@@ -169,7 +169,7 @@ def test_a_world_of_one() -> None:
 
 
 def test_one_collective_op_recorded_into_two_graphs() -> None:
-    """A collective is built by the user like a kernel launch: unlike a loop or a region (which
+    """A collective is built by the user like a kernel launch: unlike a loop or a branch (which
     its `with` block records once), it may go into several graphs."""
     comm = one_rank()
     stream = comm.device.stream()

@@ -216,7 +216,7 @@ def test_a_launch_waits_while_sync_reads_and_resets_the_loop_counters() -> None:
             host_executable.launch(on)
             seen.append("replay enqueued")
 
-        def after_sync(self) -> None:
+        def after_sync(self, last: sg.Stream) -> None:
             seen.append("counters read")
             other.append(threading.Thread(target=graph.launch))
             other[0].start()

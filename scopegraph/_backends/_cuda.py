@@ -34,7 +34,7 @@ import os
 import re
 import tempfile
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
@@ -48,7 +48,7 @@ from cuda.core.utils import StridedMemoryView
 
 from .._capture import Captured, check_body_graph
 from .._compile import compile_kernel
-from .._control import ControlNode, If, While, levels, sg_condition
+from .._control import ControlNode, If, LoopLimitError, While, levels, sg_condition
 from .._errors import CudaError, LaunchResourceError, ScopeGraphError, ScopeStateError, diagnostic
 from .._kernel import MAX_DYNAMIC_SHARED_BYTES, Kernel, KernelLaunch
 from .._lifetime import note_eager_use, queued_on
@@ -146,6 +146,14 @@ class _CudaExecutable:
         # one, those updates are whole-graph updates (see _set), counted in whole_updates.
         self.body_node_updates = True
         self.whole_updates = 0
+        # Loops recorded with max_iterations: the GPU stops one at its bound and marks its counter;
+        # graph.sync() then calls after_sync, which reports it (see scopegraph._control).
+        self.bounded: tuple[While, ...] = ()
+        # The counters of bounded loops of recordings this executable no longer runs (into= took
+        # a new one), by address, with the error each would raise: replays launched before may
+        # have marked them, and the next after_sync still reports that. Only the counter is kept,
+        # not the loop's body.
+        self.retired: dict[int, tuple[Tensor, LoopLimitError]] = {}
 
     def launch(self, stream: Stream) -> None:
         backend = self.backend
@@ -242,36 +250,41 @@ class _CudaExecutable:
             self.graph.update(definition)  # cuGraphExecUpdate: a refusal leaves a graph we then replace
         except Exception:
             return False
-        self._replace_bounded(tuple(built.bounded))
         return True
-
-    # Loops recorded with max_iterations: the GPU stops one at its bound and marks its counter;
-    # graph.sync() then calls after_sync, which reports it (see scopegraph._control).
-    bounded: tuple[While, ...] = ()
-    # Bounded loops of recordings this executable no longer runs (into= took a new one): replays
-    # launched before may have marked their counters, which the next after_sync still reports.
-    retired: tuple[While, ...] = ()
 
     def _replace_bounded(self, bounded: tuple[While, ...]) -> None:
         kept = {_counter_address(loop) for loop in bounded}
-        self.retired += tuple(loop for loop in self.bounded if _counter_address(loop) not in kept)
+        self.retired = {address: r for address, r in self.retired.items() if address not in kept} | _counters(
+            loop for loop in self.bounded if _counter_address(loop) not in kept
+        )
         self.bounded = bounded
 
     def take_reports_of(self, replaced: _CudaExecutable) -> None:
         """This executable replaces ``replaced`` (into= rebuilt the graph): overruns of its replays
         are reported by this one's next after_sync."""
-        self.retired = (*replaced.bounded, *replaced.retired)
+        self.retired = replaced.retired | _counters(replaced.bounded)
 
-    def after_sync(self) -> None:
-        """graph.sync(), with the graph's lock held, once every replay so far has finished: report
-        (and reset) the counter of each bounded loop stopped at its bound."""
-        loops, self.retired = (*self.bounded, *self.retired), ()
-        overrun = [loop for loop in loops if loop.counter is not None and loop.counter.numpy()[1]]
-        for loop in overrun:  # each one reported once: all reset, the first one raised
-            assert loop.counter is not None
-            self.backend.write(loop.counter, np.zeros(2, np.int32), None)
+    def after_sync(self, last: Stream) -> None:
+        """graph.sync(), with the graph's lock held (no replay is enqueued meanwhile): report, and
+        reset, the counter of each bounded loop stopped at its bound, once the last replay (on
+        ``last``, each replay ordered after the one before) has finished. Only the replays and
+        this reset write a counter, so no device-wide sync is needed to read it."""
+        if not (self.bounded or self.retired):
+            return
+        last.sync()
+        checked, self.retired = self.retired | _counters(self.bounded), {}
+        overrun = [
+            (counter, error)
+            for counter, error in checked.values()
+            if self.backend.read(counter.allocation, counter.offset, counter.nbytes, settle=False).view(np.int32)[1]
+        ]
+        for counter, _ in overrun:  # each reported once: all reset, the first raised, the others named in it
+            self.backend.write(counter, np.zeros(2, np.int32), None)
         if overrun:
-            raise overrun[0].limit_error(0)
+            first = overrun[0][1]
+            for _, other in overrun[1:]:
+                first.add_note(f"also: {str(other).splitlines()[0]}")
+            raise first
 
     # Whether edges between PDL kernels are programmatic in this graph (sm_90+; scopegraph._pdl).
     pdl = False
@@ -500,12 +513,17 @@ class CudaBackend:
         alloc = tensor.allocation
         return Buffer.from_handle(alloc.address + tensor.offset, tensor.nbytes, owner=alloc)
 
-    def read(self, alloc: Allocation, offset: int, nbytes: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
+    def read(
+        self, alloc: Allocation, offset: int, nbytes: int, settle: bool = True
+    ) -> np.ndarray[Any, np.dtype[np.uint8]]:
+        """Copy device memory to the host, after whatever may still write it (``settle=False``: the
+        caller has waited for every writer itself)."""
         host = np.empty(nbytes, np.uint8)
         if nbytes:
             self.make_current()
             with self.driver_call("copying device memory to the host"):
-                self._settle(alloc, self.allocation_stream)
+                if settle:
+                    self._settle(alloc, self.allocation_stream)
                 src = Buffer.from_handle(alloc.address + offset, nbytes, owner=alloc)
                 Buffer.from_handle(host.ctypes.data, nbytes, owner=host).copy_from(src, stream=self.allocation_stream)
                 self.allocation_stream.sync()
@@ -945,6 +963,15 @@ def _counter_address(loop: While) -> int:
     """Where a bounded loop counts its iterations (scopegraph._control.sg_condition)."""
     assert loop.counter is not None  # a loop with max_iterations has a counter
     return loop.counter.allocation.address + loop.counter.offset
+
+
+def _counters(loops: Iterable[While]) -> dict[int, tuple[Tensor, LoopLimitError]]:
+    """Bounded loops' counters by address, each with the error its overrun raises."""
+    found: dict[int, tuple[Tensor, LoopLimitError]] = {}
+    for loop in loops:
+        assert loop.counter is not None  # a bounded loop has a counter
+        found[_counter_address(loop)] = (loop.counter, loop.limit_error(0))
+    return found
 
 
 def _fill_value(pattern: bytes) -> int | bytes:

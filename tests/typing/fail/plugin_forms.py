@@ -90,7 +90,12 @@ def call(f: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
     return f(*args, **kwargs)
 
 
+def like(model: Tensor, f: Callable[P, N], *args: P.args, **kwargs: P.kwargs) -> N:
+    return f(*args, **kwargs)
+
+
 stream.run(make(sg.memcpy, x.mut(), x))  # E: scopegraph-borrow
+stream.run(like(y, sg.memcpy, dst=x.mut(), src=x))  # E: scopegraph-borrow
 stream.run(call(sg.memcpy, y.mut(), y))  # E: scopegraph-borrow
 stream.run(call(library.add_op, bufs[1].mut(), x, bufs[1]))  # E: scopegraph-borrow
 

@@ -80,7 +80,12 @@ def call(f: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
     return f(*args, **kwargs)
 
 
+def like(model: Tensor, f: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    return f(*args, **kwargs)
+
+
 stream.run(call(sg.memcpy, y.mut(), x))
+stream.run(like(y, sg.memcpy, y.mut(), x))  # `model` does not reach the op
 print(call(len, [x, x]), call(max, x.size, x.size))
 stream.run(library.axpy_op(y.mut(), x, 2))  # an int for a float scalar is exact
 print(library.rms_norm_block(256), library.AXPY_BLOCK)
