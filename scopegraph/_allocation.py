@@ -190,6 +190,26 @@ class MemoryMap:
         return len(self._regions)
 
 
+class Export:
+    """What a zero-copy DLPack export of an allocation holds on to (the exported buffer's owner),
+    for as long as the other library's array lives: it keeps the allocation alive and counts it
+    in ``exports``, so that free() can refuse to release memory that array still aliases."""
+
+    __slots__ = ("alloc",)
+
+    def __init__(self, alloc: Allocation) -> None:
+        self.alloc = alloc
+        with _exports_lock:
+            alloc.exports += 1
+
+    def __del__(self) -> None:
+        with _exports_lock:
+            self.alloc.exports -= 1
+
+
+_exports_lock = threading.RLock()  # re-entrant: a collection may run __del__ inside __init__
+
+
 class Allocation:
     """One block of device (or host-backend) memory and the bookkeeping the ownership rules need."""
 
@@ -199,6 +219,7 @@ class Allocation:
         "borrowed",
         "closed_replays",
         "device",
+        "exports",
         "freed",
         "id",
         "name",
@@ -234,6 +255,8 @@ class Allocation:
         self.closed_replays: dict[object, set[object]] | None = None
         # Set by _lifetime.track: releases the storage once the GPU is done with it. Idempotent.
         self.release: Callable[[], object] | None = None
+        # Zero-copy exports (DLPack) another library still holds: free() is refused meanwhile.
+        self.exports = 0
 
     @property
     def label(self) -> str:

@@ -19,9 +19,11 @@ from typing import Any
 import numpy as np
 
 from . import _tensor
+from ._borrow import Borrow
 from ._device import device
 from ._dtypes import as_dtype
 from ._errors import ScopeGraphError, SignatureError, diagnostic
+from ._lifetime import note_eager_use, queued_on
 from ._stream import Stream
 from ._tensor import Tensor, check_name
 
@@ -142,6 +144,12 @@ def _wrap_device(obj: Any, name: str | None, stream: Stream | None) -> Tensor:
     buf = Buffer.from_handle(view.ptr, max(nbytes, 1), owner=obj)
     alloc = dev.adopt(buf, int(view.ptr), nbytes, name, borrowed=True)
     tensor = Tensor(alloc, 0, shape, dtype)
+    if stream is not None:
+        # The producer's writes are complete on `stream` only: like eager work there, the next
+        # replay of a graph over this memory (a graph recorded from now on, too) waits for it.
+        imported = [Borrow(tensor, False, "import")]
+        note_eager_use(imported, stream.native, dev.backend)
+        queued_on(imported, stream.native)
     return tensor.freeze() if view.readonly else tensor  # read-only memory is frozen memory
 
 

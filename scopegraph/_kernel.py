@@ -250,9 +250,15 @@ class Touches:
     names: tuple[str, ...]
     expressions: tuple[str, ...]
     count: Callable[..., tuple[int, ...]]  # (*scalars, *grid, *block) -> one count per parameter
+    # Bytes of one element the kernel touches, per parameter: the declared dtype's, else the C
+    # pointer's as the source declares it (a `float*` touches 4 bytes an element, whatever the
+    # tensor's dtype), else None: the tensor's own elements.
+    element_bytes: tuple[int | None, ...]
 
 
-def _parse_touches(touches: Mapping[str, str], params: tuple[KernelParam, ...], kernel_name: str) -> Touches | None:
+def _parse_touches(
+    touches: Mapping[str, str], params: tuple[KernelParam, ...], kernel_name: str, source: str
+) -> Touches | None:
     if not touches:
         return None
     tensor_params = {p.name: i for i, p in enumerate(params) if p.kind != "scalar"}
@@ -299,7 +305,46 @@ def _parse_touches(touches: Mapping[str, str], params: tuple[KernelParam, ...], 
         sources.append(ast.unparse(tree))
     # Only names, int constants and + - * // remain: evaluating it runs no other code.
     count = eval(f"lambda {', '.join(scalars + list(LAUNCH_NAMES))}: ({', '.join(sources)},)", {"__builtins__": {}})
-    return Touches(tuple(tensor_params[n] for n in touches), tuple(touches), tuple(map(str, touches.values())), count)
+    positions = tuple(tensor_params[n] for n in touches)
+    pointees = declared_pointee_bytes(source, kernel_name)
+    if len(pointees) != len(params):  # not spelled out as one declaration: the tensors' own elements
+        pointees = (None,) * len(params)
+    declared = [p.dtype.itemsize if p.dtype is not None else None for p in params]
+    element_bytes = tuple(declared[i] if declared[i] is not None else pointees[i] for i in positions)
+    return Touches(positions, tuple(touches), tuple(map(str, touches.values())), count, element_bytes)
+
+
+# Bytes of the C types a kernel's pointer parameters may point to (the others: not known).
+_C_SIZES = {
+    **dict.fromkeys(("char", "signed char", "unsigned char", "int8_t", "uint8_t", "bool"), 1),
+    **dict.fromkeys(("short", "unsigned short", "int16_t", "uint16_t", "__half", "half", "__nv_bfloat16"), 2),
+    **dict.fromkeys(("int", "unsigned", "unsigned int", "int32_t", "uint32_t", "float"), 4),
+    **dict.fromkeys(("long long", "unsigned long long", "int64_t", "uint64_t", "double", "float2", "int2"), 8),
+    **dict.fromkeys(("float4", "int4", "double2"), 16),
+}
+_QUALIFIERS = re.compile(r"\b(?:const|volatile|__restrict__|__restrict|restrict)\b")
+
+
+def declared_pointee_bytes(source: str, cpp_name: str) -> tuple[int | None, ...]:
+    """Per parameter of the one non-template ``__global__`` declaration of ``cpp_name`` that
+    ``source`` spells out: the bytes of what a pointer parameter points to, None for anything else
+    (a scalar, a template type, a typedef). Empty when there is no such single declaration."""
+    code = code_only(source)
+    found = []
+    for call in re.finditer(rf"\b{re.escape(cpp_name)}\s*\(", code):
+        start = max(code.rfind(mark, 0, call.start()) for mark in ";{}")
+        head = code[start + 1 : call.start()]
+        if _GLOBAL.search(head) and not _TEMPLATE.search(head):
+            end = code.find(")", call.end())
+            found.append(code[call.end() : end] if end != -1 else "")
+    if len(found) != 1 or "(" in found[0]:
+        return ()
+    sizes: list[int | None] = []
+    for item in _top_level_items(found[0]):
+        declared = " ".join(_QUALIFIERS.sub(" ", item).split())
+        pointer = re.fullmatch(r"(.+?)\s*\*\s*\w*", declared)
+        sizes.append(_C_SIZES.get(pointer.group(1)) if pointer and "*" not in pointer.group(1) else None)
+    return tuple(sizes)
 
 
 def _check_pdl(pdl: bool, early: tuple[str, ...], params: tuple[KernelParam, ...], kernel_name: str) -> frozenset[str]:
@@ -360,7 +405,7 @@ class Kernel(Generic[P]):
         self.touches = (
             touches
             if isinstance(touches, Touches) or touches is None
-            else _parse_touches(touches, self.params, cpp_name)
+            else _parse_touches(touches, self.params, cpp_name, source)
         )
         # Programmatic dependent launch (DESIGN.md section 7, scopegraph._pdl): the kernel waits
         # (griddepcontrol.wait) before it touches its predecessors' results; before the wait it
@@ -1054,13 +1099,12 @@ def _make_binder(kernel: Kernel[Any]) -> Callable[..., None]:
         local = {p.name: f"x{i}" for i, p in enumerate(params) if p.kind == "scalar"}
         local.update({name: f"{name[:-2]}[{'xyz'.index(name[-1])}]" for name in LAUNCH_NAMES})
         fits = []
-        for pos, expression in zip(touches.params, touches.expressions, strict=True):
+        for pos, expression, element in zip(touches.params, touches.expressions, touches.element_bytes, strict=True):
             count = f"({_rename(expression, local)})"
-            dtype = params[pos].dtype  # a fixed dtype: compare bytes, without the size property
-            fits.append(
+            fits.append(  # a known element size: compare bytes
                 f"0 <= {count} <= t{pos}.size"
-                if dtype is None
-                else f"0 <= {count} and {count} * {dtype.itemsize} <= t{pos}.nbytes"
+                if element is None
+                else f"0 <= {count} and {count} * {element} <= t{pos}.nbytes"
             )
         lines += [
             "        op._check_touches(TOUCHES, op.resolved(None))",
@@ -1241,16 +1285,33 @@ class KernelLaunch(GraphNode):
                     help="pass a non-zero value for the argument that the touches expression divides by",
                 )
             ) from None
-        for position, need, name, expression in zip(
-            touches.params, counts, touches.names, touches.expressions, strict=True
+        for position, need, name, expression, element in zip(
+            touches.params, counts, touches.names, touches.expressions, touches.element_bytes, strict=True
         ):
             tensor = self.args[position]
-            if not 0 <= need <= tensor.size:
+            if element is None or element == tensor.dtype.itemsize:
+                if not 0 <= need <= tensor.size:
+                    raise SignatureError(
+                        diagnostic(
+                            f"`{self.name}` would touch {need} elements of `{name}`, but `{tensor.name}` has "
+                            f"{tensor.size}",
+                            [f"declared: `{name}` touches {expression} elements", self._launched_as(args)],
+                            help=f"pass a size that fits `{tensor.name}` ({tensor.size} elements), or a larger tensor",
+                        )
+                    )
+            elif not 0 <= need * element <= tensor.nbytes:
                 raise SignatureError(
                     diagnostic(
-                        f"`{self.name}` would touch {need} elements of `{name}`, but `{tensor.name}` has {tensor.size}",
-                        [f"declared: `{name}` touches {expression} elements", self._launched_as(args)],
-                        help=f"pass a size that fits `{tensor.name}` ({tensor.size} elements), or a larger tensor",
+                        f"`{self.name}` would touch {need} elements of {element} bytes of `{name}` "
+                        f"({need * element} bytes), but `{tensor.name}` has {tensor.nbytes} bytes "
+                        f"({tensor.size} of {tensor.dtype.name})",
+                        [
+                            f"declared: `{name}` touches {expression} elements, and the kernel's C declaration "
+                            f"makes `{name}` a pointer to {element}-byte elements",
+                            self._launched_as(args),
+                        ],
+                        help=f"pass a tensor of the kernel's element type, or declare `{name}` with its dtype "
+                        "(Annotated[Tensor, sg.TensorSpec(...)]) to have it checked",
                     )
                 )
 

@@ -32,16 +32,15 @@ device_lookup: Callable[[Device | str], Device] | None = None
 # The Stream of each CUDA stream: wrapping one twice (dev.stream().native, or a torch stream,
 # passed to from_handle) gives the same Stream, so a scope recording on it refuses eager work
 # through every wrapper. Keyed by device and handle; handles 0 and 1 both name the device's
-# legacy default stream, and handle 2 names the calling thread's per-thread default stream.
-_by_handle: weakref.WeakValueDictionary[tuple[int, int, int], Stream] = weakref.WeakValueDictionary()
+# legacy default stream (handle 2, the per-thread default stream, is refused: see from_handle).
+_by_handle: weakref.WeakValueDictionary[tuple[int, int], Stream] = weakref.WeakValueDictionary()
 _by_handle_lock = threading.RLock()  # Stream() registers itself under it too
+PER_THREAD_DEFAULT_STREAM = 2  # cudaStreamPerThread's handle
 
 
-def _key(device: Device, native: object) -> tuple[int, int, int]:
+def _key(device: Device, native: object) -> tuple[int, int]:
     handle = int(native.__cuda_stream__()[1])  # type: ignore[attr-defined]
-    if handle in (0, 1):
-        return (device.index, 0, 0)
-    return (device.index, handle, threading.get_ident() if handle == 2 else 0)
+    return (device.index, 0 if handle in (0, 1) else handle)
 
 
 class Stream:
@@ -134,6 +133,20 @@ class Stream:
                 )
             )
         _check_protocol(obj)
+        if int(obj.__cuda_stream__()[1]) == PER_THREAD_DEFAULT_STREAM:
+            raise SignatureError(
+                diagnostic(
+                    f"Stream.from_handle() got the per-thread default stream (cudaStreamPerThread) from "
+                    f"{type(obj).__name__}",
+                    [
+                        "its handle names a different stream in each thread, and scopegraph waits for a "
+                        "stream from other threads (a free(), a replay on another stream): it would wait "
+                        "for the wrong one"
+                    ],
+                    help="give the work a stream of its own: dev.stream(), torch.cuda.Stream() or "
+                    "cupy.cuda.Stream(), and wrap that",
+                )
+            )
         dev = get_device("cuda" if device is None else device)
         if not dev.is_cuda:
             raise SignatureError(

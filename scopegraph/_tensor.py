@@ -266,6 +266,15 @@ class Tensor:
                     help="close the graph first (graph.close() or a `with` block), then free",
                 )
             )
+        if alloc.exports:
+            raise LifetimeError(
+                diagnostic(
+                    f"cannot free `{self.name}`: another library's array still aliases its memory",
+                    [f"{alloc.exports} zero-copy export(s) through DLPack (torch.from_dlpack, cupy.from_dlpack, ...)"],
+                    help="drop those arrays first, or drop this tensor instead of freeing it: its memory is then "
+                    "released when the last of them goes",
+                )
+            )
         start, end = alloc.address, alloc.address + alloc.nbytes
         wrappers = [
             a
@@ -373,8 +382,9 @@ class Tensor:
         """Wrap another library's tensor without a copy (borrowed: scopegraph never frees it).
 
         The producer's pending work is made visible first: on ``stream`` if given (the wrapper is
-        then ready there), else before this returns. Wrappers of the same memory are one
-        allocation to the ownership rules."""
+        then ready there, and a graph's replay over it waits for that stream, as for eager work
+        there), else before this returns. Wrappers of the same memory are one allocation to the
+        ownership rules."""
         assert foreign_wrapper is not None, "scopegraph._interop registers the wrapper on import"
         return foreign_wrapper(obj, name, stream)
 

@@ -263,3 +263,32 @@ def test_cupy_round_trips_a_mutable_tensor_without_a_copy(cuda: sg.Device) -> No
     a += 3.0
     cp.cuda.runtime.deviceSynchronize()
     assert x.numpy().tolist() == [3.0] * 16
+
+
+# -- free() while a zero-copy export lives -----------------------------------------------------
+
+
+def test_free_is_refused_while_a_numpy_alias_lives(host: sg.Device) -> None:
+    x = host.full((16,), 1.0, name="x")
+    alias = numpy_import(x)
+    copy = numpy_import(x, copy=True)  # a copy aliases nothing
+    with pytest.raises(sg.LifetimeError, match=r"(?s)another library's array still aliases.*\nhelp: drop those"):
+        x.free()
+    del alias
+    x.free()
+    assert copy[0] == 1.0
+
+
+@pytest.mark.sg_cuda
+@pytest.mark.parametrize("library", ["torch", "cupy"])
+def test_free_is_refused_while_a_gpu_alias_lives(cuda: sg.Device, library: str) -> None:
+    """Without the refusal the next allocation took the same memory and torch's or CuPy's array
+    read it (measured on an H100)."""
+    lib = pytest.importorskip(library)
+    x = cuda.full((1 << 16,), 1.0, name="x")
+    alias = lib.from_dlpack(x)
+    with pytest.raises(sg.LifetimeError, match="another library's array still aliases"):
+        x.free()
+    assert float(alias[0]) == 1.0
+    del alias
+    x.free()

@@ -719,3 +719,24 @@ def test_a_launch_from_another_thread_during_sync_keeps_its_bound_and_its_report
         graph.sync()  # the second one's
     assert x.numpy()[0] == 2 * BOUND  # each replay ran the loop exactly BOUND times
     graph.close()
+
+
+def test_a_replay_waits_for_an_import_made_ready_on_another_stream(cuda: sg.Device) -> None:
+    """Tensor.from_dlpack(t, stream=S) makes torch's pending write visible on S only: a graph over
+    the wrapper, launched on another stream, waits for S as it would for eager work there."""
+    torch = pytest.importorskip("torch")
+    t = torch.zeros(N, dtype=torch.float32, device="cuda")
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(CYCLES)  # the producer writes late
+        t.fill_(6.0)
+        x = sg.Tensor.from_dlpack(t, name="x", stream=cuda.stream())
+    home = cuda.stream()
+    out = cuda.zeros((N,), name="out")
+    with CudaGraph.scope(home) as s:
+        s.record(sg.memcpy(out.mut(), x))
+    with s.graph as graph:
+        graph.launch()
+        home.sync()
+        np.testing.assert_array_equal(out.numpy(), 6.0)

@@ -890,6 +890,20 @@ def stream_from_handle_of_a_broken_protocol(c: Ctx) -> None:
     sg.Stream.from_handle(_BrokenStream())
 
 
+class _PerThreadStream:
+    """A wrapper of cudaStreamPerThread, as cupy.cuda.Stream.ptds is (its handle is 2)."""
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, 2)
+
+
+@case("SignatureError", r"per-thread default stream \(cudaStreamPerThread\)", r"a stream of its own")
+def stream_from_handle_of_the_per_thread_default_stream(c: Ctx) -> None:
+    """sg.Stream.from_handle(cupy.cuda.Stream.ptds): a different stream in each thread, which
+    scopegraph would wait for from the wrong thread."""
+    sg.Stream.from_handle(_PerThreadStream())
+
+
 @case("SignatureError", r"gpu:0")
 def unknown_device_string(c: Ctx) -> None:
     """sg.device("gpu:0")."""

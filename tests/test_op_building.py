@@ -34,6 +34,52 @@ def test_launch_shapes_are_cached_but_still_checked(sg_device: sg.Device) -> Non
     assert np_grid.grid == (2, 1, 1) and type(np_grid.grid[0]) is int
 
 
+RAW_FILL = """
+extern "C" __global__ void raw_fill(float* out, float value, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = value;
+}
+extern "C" __global__ void byte_fill(unsigned char* out, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = 1;
+}
+"""
+
+
+@sg.kernel(RAW_FILL, touches={"out": "n"})
+def raw_fill(out: Mut[Tensor], value: sg.f32, n: sg.i32) -> None: ...
+
+
+@raw_fill.host
+def _raw_fill(out: Any, value: np.float32, n: np.int32) -> None:
+    out.view(np.float32)[:n] = value
+
+
+@sg.kernel(RAW_FILL, touches={"out": "n"})
+def byte_fill(out: Mut[Tensor], n: sg.i32) -> None: ...
+
+
+@byte_fill.host
+def _byte_fill(out: Any, n: np.int32) -> None:
+    out.view(np.uint8)[:n] = 1
+
+
+def test_touches_of_a_parameter_without_dtype_count_the_kernels_elements(sg_device: sg.Device) -> None:
+    """`out` declares no dtype, so a tensor of any dtype is taken; the kernel writes `float`s (its C
+    declaration says so), and n of them must fit the tensor's bytes, not n of its elements."""
+    raw = sg_device.zeros((32,), sg.u8, name="raw")
+    refused = r"would touch 16 elements of 4 bytes of `out` \(64 bytes\), but `raw\[0:16\]` has 16 bytes"
+    with pytest.raises(SignatureError, match=refused):
+        raw_fill[1, 16](raw[0:16].mut(), 1.0, 16)
+    stream = sg_device.stream()
+    stream.run(raw_fill[1, 16](raw.mut(), 1.0, 8))  # 8 floats: 32 bytes, all of `raw`
+    np.testing.assert_array_equal(raw.numpy().view(np.float32), 1.0)
+    floats = sg_device.zeros((16,), name="floats")
+    stream.run(byte_fill[1, 64](floats.mut(), 64))  # 64 bytes of 16 floats
+    with pytest.raises(SignatureError, match="would touch 65 elements of 1 bytes"):
+        byte_fill[1, 96](floats.mut(), 65)
+
+
 def test_opting_in_to_more_shared_memory_is_kept_by_every_build_of_a_kernel() -> None:
     """max_shared_bytes raises what a launch may ask for (48 KiB otherwise), for the kernel, its
     template instantiations and its rebuilds alike."""

@@ -46,6 +46,7 @@ from cuda.core import Stream as CoreStream
 from cuda.core.graph import GraphDefinition
 from cuda.core.utils import StridedMemoryView
 
+from .._allocation import Export
 from .._capture import Captured, check_body_graph
 from .._compile import compile_kernel
 from .._control import ControlNode, If, LoopLimitError, While, levels, sg_condition
@@ -871,8 +872,11 @@ class CudaBackend:
             self.memory_stream.sync()
         # cuda.core would drop the read-only flag from an unversioned capsule: Tensor.__dlpack__
         # refuses those for frozen tensors.
+        alloc = tensor.allocation
+        # Owned by an Export as long as the consumer's array lives: free() refuses meanwhile.
+        exported = Buffer.from_handle(alloc.address + tensor.offset, tensor.nbytes, owner=Export(alloc))
         view = StridedMemoryView.from_buffer(
-            self._view(tensor), tensor.shape, dtype=tensor.dtype.numpy, is_readonly=tensor.frozen
+            exported, tensor.shape, dtype=tensor.dtype.numpy, is_readonly=tensor.frozen
         )
         return view.__dlpack__(stream=-1, **options)
 

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .._allocation import Export
 from .._capture import Captured
 from .._control import Body, ControlNode, While, levels
 from .._errors import BorrowError, BoundsError, NoHostReferenceError, diagnostic
@@ -150,6 +151,16 @@ def _array(tensor: Tensor, writable: bool, cls: type[NDArray] = np.ndarray) -> N
     if not writable:
         view.setflags(write=False)
     return view
+
+
+class _Exported:
+    """A host tensor's numpy view as the base of a DLPack export: the consumer's array keeps it,
+    and with it an Export of the allocation (free() refuses while it lives, as on a GPU)."""
+
+    def __init__(self, view: NDArray, alloc: Allocation) -> None:
+        self.__array_interface__ = view.__array_interface__
+        self.view = view
+        self.export = Export(alloc)
 
 
 def _host_view(tensor: Tensor, writable: bool) -> NDArray:
@@ -412,7 +423,7 @@ class HostBackend:
     def dlpack(self, tensor: Tensor, stream: int | None, options: dict[str, Any]) -> object:
         # numpy flags a read-only array's versioned (DLPack 1.x) capsule read-only and makes the copy
         # for copy=True; Tensor.__dlpack__ refuses the frozen exports that could not carry the flag.
-        return _array(tensor, not tensor.frozen).__dlpack__(**options)
+        return np.asarray(_Exported(_array(tensor, not tensor.frozen), tensor.allocation)).__dlpack__(**options)
 
     def dlpack_device(self) -> tuple[int, int]:
         return (1, 0)  # kDLCPU
