@@ -186,9 +186,9 @@ class CudaGraph:
         # enqueued between the counters' read and their reset (a copy not ordered with the graph's
         # streams) would have its count and its report wiped.
         with self._lock:
-            after_sync = getattr(self._exec, "after_sync", None)  # the executable into= may have replaced
-            if after_sync is not None:
-                after_sync(self._last_launch)
+            exe = self._exec  # the executable into= may have replaced
+            if exe is not None:
+                exe.after_sync(self._last_launch)
 
     def close(self) -> None:
         """Destroy the executable graph and release the pins on its tensors. Idempotent, and safe
@@ -285,9 +285,7 @@ class CudaGraph:
                 self.last_update = "whole"
             else:
                 rebuilt = stream.device.backend.build(nodes, stream)
-                take_reports = getattr(rebuilt, "take_reports_of", None)  # of bounded loops (_control)
-                if take_reports is not None:
-                    take_reports(exe)
+                rebuilt.take_reports_of(exe)
                 self._unpin.detach()
                 self._exec = rebuilt
                 self._unpin = weakref.finalize(self, _close, rebuilt, self._pin)

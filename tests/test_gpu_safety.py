@@ -204,12 +204,17 @@ def test_the_first_replay_waits_for_eager_work_queued_before_the_graph_was_recor
     inp = cuda.full((N,), 1.0, name="inp")
     out = cuda.zeros((N,), name="out")
     side.run(slow_fill[N // 256, 256](inp.mut(), 2.0, N, CYCLES))  # still running at the launch
+    np.testing.assert_array_equal(copied_by_a_graph(home, inp, out), 2.0)
+
+
+def copied_by_a_graph(home: sg.Stream, src: Tensor, out: Tensor) -> Any:
+    """What a graph recorded and launched on ``home`` copies from ``src`` into ``out``."""
     with CudaGraph.scope(home) as s:
-        s.record(sg.memcpy(out.mut(), inp))
+        s.record(sg.memcpy(out.mut(), src))
     with s.graph as g:
         g.launch()
         home.sync()
-        np.testing.assert_array_equal(out.numpy(), 2.0)
+        return out.numpy()
 
 
 def test_a_graph_launched_on_two_streams_in_turn_never_overlaps_itself(cuda: sg.Device) -> None:
@@ -732,11 +737,4 @@ def test_a_replay_waits_for_an_import_made_ready_on_another_stream(cuda: sg.Devi
         torch.cuda._sleep(CYCLES)  # the producer writes late
         t.fill_(6.0)
         x = sg.Tensor.from_dlpack(t, name="x", stream=cuda.stream())
-    home = cuda.stream()
-    out = cuda.zeros((N,), name="out")
-    with CudaGraph.scope(home) as s:
-        s.record(sg.memcpy(out.mut(), x))
-    with s.graph as graph:
-        graph.launch()
-        home.sync()
-        np.testing.assert_array_equal(out.numpy(), 6.0)
+    np.testing.assert_array_equal(copied_by_a_graph(cuda.stream(), x, cuda.zeros((N,), name="out")), 6.0)

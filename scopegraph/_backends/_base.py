@@ -35,6 +35,15 @@ class Executable(Protocol):
     def update_whole(self, nodes: Sequence[RecordedNode]) -> bool:
         """Take a recording of the same topology; False if the backend refuses (then rebuild)."""
 
+    # bounded loops (scopegraph._control): what a replay could not raise at once
+    def after_sync(self, last: Stream) -> None:
+        """graph.sync(), under the graph's lock: raise LoopLimitError for a loop a replay so far
+        (the last one on ``last``) stopped at its bound."""
+
+    def take_reports_of(self, replaced: Executable) -> None:
+        """This executable replaces ``replaced`` (a recording into the graph rebuilt it): report
+        what ``replaced``'s replays left unreported too."""
+
 
 class Backend(Protocol):
     """The operations the device-independent layers need from a backend."""

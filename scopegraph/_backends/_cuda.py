@@ -64,6 +64,7 @@ if TYPE_CHECKING:
     from .._allocation import Allocation
     from .._scope import RecordedNode
     from .._stream import Stream
+    from ._base import Executable
 
 # defer_frees's key for a capture that forbids frees on every thread (threading.get_ident() is never 0).
 EVERY_THREAD = 0
@@ -260,9 +261,10 @@ class _CudaExecutable:
         )
         self.bounded = bounded
 
-    def take_reports_of(self, replaced: _CudaExecutable) -> None:
+    def take_reports_of(self, replaced: Executable) -> None:
         """This executable replaces ``replaced`` (into= rebuilt the graph): overruns of its replays
         are reported by this one's next after_sync."""
+        assert isinstance(replaced, _CudaExecutable)  # one graph, one backend
         self.retired = replaced.retired | _counters(replaced.bounded)
 
     def after_sync(self, last: Stream) -> None:

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from .._allocation import Allocation
     from .._scope import RecordedNode
     from .._stream import Stream
+    from ._base import Executable
 
 NDArray = np.ndarray[Any, np.dtype[Any]]
 
@@ -362,6 +363,13 @@ class _HostGraph:
 
     whole_updates = 0  # node updates are never whole-graph updates here (scopegraph._update.update_executable)
     pdl = False  # the host backend has no programmatic edges
+
+    # A loop past its bound raises at launch here: nothing is left to report.
+    def after_sync(self, last: Stream) -> None:
+        pass
+
+    def take_reports_of(self, replaced: Executable) -> None:
+        pass
 
 
 class HostBackend:
