@@ -125,11 +125,17 @@ def _wrap_device(obj: Any, name: str | None, stream: Stream | None) -> Tensor:
         raise SignatureError(f"cannot import GPU memory on {stream}\nhelp: pass a stream of a CUDA device, or none")
     # Where the producer must make its writes visible: the given stream, or the memory stream of
     # the array's device, which is then waited for so the wrapper is ready on every stream.
-    consumer = stream
-    if consumer is None:
-        dlpack_device = obj.__dlpack_device__() if hasattr(obj, "__dlpack_device__") else None
-        index = dlpack_device[1] if dlpack_device is not None else _cai_device(obj)
-        consumer = device(f"cuda:{index}").setup_stream
+    dlpack_device = obj.__dlpack_device__() if hasattr(obj, "__dlpack_device__") else None
+    index = int(dlpack_device[1]) if dlpack_device is not None else _cai_device(obj)
+    if stream is not None and stream.device.index != index:
+        raise SignatureError(
+            diagnostic(
+                f"cannot import memory of cuda:{index} on {stream} (of {stream.device})",
+                ["the stream would order work of another GPU than the memory's"],
+                help=f"pass a stream of cuda:{index}, the memory's device, or none",
+            )
+        )
+    consumer = stream if stream is not None else device(f"cuda:{index}").setup_stream
     view = StridedMemoryView.from_any_interface(obj, stream_ptr=int(consumer.native.handle))  # type: ignore[attr-defined]
     if stream is None:
         consumer.sync()

@@ -250,15 +250,9 @@ class Touches:
     names: tuple[str, ...]
     expressions: tuple[str, ...]
     count: Callable[..., tuple[int, ...]]  # (*scalars, *grid, *block) -> one count per parameter
-    # Bytes of one element the kernel touches, per parameter: the declared dtype's, else the C
-    # pointer's as the source declares it (a `float*` touches 4 bytes an element, whatever the
-    # tensor's dtype), else None: the tensor's own elements.
-    element_bytes: tuple[int | None, ...]
 
 
-def _parse_touches(
-    touches: Mapping[str, str], params: tuple[KernelParam, ...], kernel_name: str, source: str
-) -> Touches | None:
+def _parse_touches(touches: Mapping[str, str], params: tuple[KernelParam, ...], kernel_name: str) -> Touches | None:
     if not touches:
         return None
     tensor_params = {p.name: i for i, p in enumerate(params) if p.kind != "scalar"}
@@ -305,13 +299,7 @@ def _parse_touches(
         sources.append(ast.unparse(tree))
     # Only names, int constants and + - * // remain: evaluating it runs no other code.
     count = eval(f"lambda {', '.join(scalars + list(LAUNCH_NAMES))}: ({', '.join(sources)},)", {"__builtins__": {}})
-    positions = tuple(tensor_params[n] for n in touches)
-    pointees = declared_pointee_bytes(source, kernel_name)
-    if len(pointees) != len(params):  # not spelled out as one declaration: the tensors' own elements
-        pointees = (None,) * len(params)
-    declared = [p.dtype.itemsize if p.dtype is not None else None for p in params]
-    element_bytes = tuple(declared[i] if declared[i] is not None else pointees[i] for i in positions)
-    return Touches(positions, tuple(touches), tuple(map(str, touches.values())), count, element_bytes)
+    return Touches(tuple(tensor_params[n] for n in touches), tuple(touches), tuple(map(str, touches.values())), count)
 
 
 # Bytes of the C types a kernel's pointer parameters may point to (the others: not known).
@@ -326,25 +314,25 @@ _QUALIFIERS = re.compile(r"\b(?:const|volatile|__restrict__|__restrict|restrict)
 
 
 def declared_pointee_bytes(source: str, cpp_name: str) -> tuple[int | None, ...]:
-    """Per parameter of the one non-template ``__global__`` declaration of ``cpp_name`` that
-    ``source`` spells out: the bytes of what a pointer parameter points to, None for anything else
-    (a scalar, a template type, a typedef). Empty when there is no such single declaration."""
+    """Per parameter of the non-template ``__global__`` declaration of ``cpp_name`` that ``source``
+    spells out (a forward declaration and the definition must agree): the bytes of what a pointer
+    parameter points to, None for anything else (a scalar, a template type, a typedef). Empty
+    when there is no such declaration, or several that differ."""
     code = code_only(source)
-    found = []
+    found = set()
     for call in re.finditer(rf"\b{re.escape(cpp_name)}\s*\(", code):
         start = max(code.rfind(mark, 0, call.start()) for mark in ";{}")
         head = code[start + 1 : call.start()]
-        if _GLOBAL.search(head) and not _TEMPLATE.search(head):
-            end = code.find(")", call.end())
-            found.append(code[call.end() : end] if end != -1 else "")
-    if len(found) != 1 or "(" in found[0]:
-        return ()
-    sizes: list[int | None] = []
-    for item in _top_level_items(found[0]):
-        declared = " ".join(_QUALIFIERS.sub(" ", item).split())
-        pointer = re.fullmatch(r"(.+?)\s*\*\s*\w*", declared)
-        sizes.append(_C_SIZES.get(pointer.group(1)) if pointer and "*" not in pointer.group(1) else None)
-    return tuple(sizes)
+        end = code.find(")", call.end())
+        if _GLOBAL.search(head) and not _TEMPLATE.search(head) and end != -1 and "(" not in code[call.end() : end]:
+            found.add(tuple(_pointee_bytes(item) for item in _top_level_items(code[call.end() : end])))
+    return found.pop() if len(found) == 1 else ()
+
+
+def _pointee_bytes(parameter: str) -> int | None:
+    declared = " ".join(_QUALIFIERS.sub(" ", parameter).split())
+    pointer = re.fullmatch(r"(.+?)\s*\*\s*\w*", declared)
+    return _C_SIZES.get(pointer.group(1)) if pointer and "*" not in pointer.group(1) else None
 
 
 def _check_pdl(pdl: bool, early: tuple[str, ...], params: tuple[KernelParam, ...], kernel_name: str) -> frozenset[str]:
@@ -405,7 +393,7 @@ class Kernel(Generic[P]):
         self.touches = (
             touches
             if isinstance(touches, Touches) or touches is None
-            else _parse_touches(touches, self.params, cpp_name, source)
+            else _parse_touches(touches, self.params, cpp_name)
         )
         # Programmatic dependent launch (DESIGN.md section 7, scopegraph._pdl): the kernel waits
         # (griddepcontrol.wait) before it touches its predecessors' results; before the wait it
@@ -438,6 +426,7 @@ class Kernel(Generic[P]):
         # Every kernel rebuilt() from this one (generics() instances too): a host reference
         # registered later reaches them.
         self._derived: weakref.WeakSet[Kernel[P]] = weakref.WeakSet()
+        self._touch_bytes: tuple[int | None, ...] | None = None  # see touch_element_bytes
         # Loaded per device by the CUDA backend: backend -> its loaded form (the cuda.core Kernel
         # and the launch limits it was compiled to; see _backends/_cuda.py).
         self.compiled: dict[object, Any] = {}
@@ -499,6 +488,22 @@ class Kernel(Generic[P]):
             _check_template_count(self, len(key))
             inst = self._instances[key] = self.rebuilt(template_args=key)
         return inst
+
+    def touch_element_bytes(self) -> tuple[int | None, ...]:
+        """Bytes of one element that each ``touches`` count counts: the parameter's dtype's, else
+        what this kernel's C declaration points to (``float* out``: 4, whatever the tensor's
+        dtype), else None, the tensor's own elements (a template instantiation, a typedef, a
+        declaration the source does not spell out). Read from the source on first use."""
+        if self._touch_bytes is None:
+            assert self.touches is not None  # asked for by the touches checks only
+            pointees = () if self.template_args else declared_pointee_bytes(self.source, self.cpp_name)
+            if len(pointees) != len(self.params):
+                pointees = (None,) * len(self.params)
+            self._touch_bytes = tuple(
+                dtype.itemsize if (dtype := self.params[i].dtype) is not None else pointees[i]
+                for i in self.touches.params
+            )
+        return self._touch_bytes
 
     def rebuilt(
         self,
@@ -1099,7 +1104,9 @@ def _make_binder(kernel: Kernel[Any]) -> Callable[..., None]:
         local = {p.name: f"x{i}" for i, p in enumerate(params) if p.kind == "scalar"}
         local.update({name: f"{name[:-2]}[{'xyz'.index(name[-1])}]" for name in LAUNCH_NAMES})
         fits = []
-        for pos, expression, element in zip(touches.params, touches.expressions, touches.element_bytes, strict=True):
+        for pos, expression, element in zip(
+            touches.params, touches.expressions, kernel.touch_element_bytes(), strict=True
+        ):
             count = f"({_rename(expression, local)})"
             fits.append(  # a known element size: compare bytes
                 f"0 <= {count} <= t{pos}.size"
@@ -1286,7 +1293,7 @@ class KernelLaunch(GraphNode):
                 )
             ) from None
         for position, need, name, expression, element in zip(
-            touches.params, counts, touches.names, touches.expressions, touches.element_bytes, strict=True
+            touches.params, counts, touches.names, touches.expressions, self.kernel.touch_element_bytes(), strict=True
         ):
             tensor = self.args[position]
             if element is None or element == tensor.dtype.itemsize:
@@ -1302,16 +1309,16 @@ class KernelLaunch(GraphNode):
             elif not 0 <= need * element <= tensor.nbytes:
                 raise SignatureError(
                     diagnostic(
-                        f"`{self.name}` would touch {need} elements of {element} bytes of `{name}` "
+                        f"`{self.name}` would touch {need} {element}-byte elements of `{name}` "
                         f"({need * element} bytes), but `{tensor.name}` has {tensor.nbytes} bytes "
                         f"({tensor.size} of {tensor.dtype.name})",
                         [
-                            f"declared: `{name}` touches {expression} elements, and the kernel's C declaration "
-                            f"makes `{name}` a pointer to {element}-byte elements",
+                            f"declared: `{name}` touches {expression} elements; `{name}` has no dtype, so they are "
+                            f"the kernel's own, {element}-byte ones, as its C declaration points to",
                             self._launched_as(args),
                         ],
-                        help=f"pass a tensor of the kernel's element type, or declare `{name}` with its dtype "
-                        "(Annotated[Tensor, sg.TensorSpec(...)]) to have it checked",
+                        help=f"pass a tensor of at least {need * element} bytes; a count meant in "
+                        f"`{tensor.name}`'s {tensor.dtype.itemsize}-byte elements must be in the kernel's",
                     )
                 )
 

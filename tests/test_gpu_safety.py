@@ -10,6 +10,8 @@ skip without a GPU."""
 from __future__ import annotations
 
 import gc
+import subprocess
+import sys
 import threading
 import time
 from typing import Annotated, Any
@@ -19,6 +21,8 @@ import pytest
 
 import scopegraph as sg
 from scopegraph import CudaGraph, Mut, Tensor, library
+
+from .helpers import assert_stream_usable, child_env
 
 pytestmark = pytest.mark.sg_cuda
 
@@ -738,3 +742,42 @@ def test_a_replay_waits_for_an_import_made_ready_on_another_stream(cuda: sg.Devi
         t.fill_(6.0)
         x = sg.Tensor.from_dlpack(t, name="x", stream=cuda.stream())
     np.testing.assert_array_equal(copied_by_a_graph(cuda.stream(), x, cuda.zeros((N,), name="out")), 6.0)
+
+
+PER_THREAD = """
+import time, torch, scopegraph as sg
+torch.cuda._sleep(1000)
+torch.cuda.synchronize()
+torch.cuda._sleep(400_000_000)  # about 0.2 s of work on torch's default (legacy) stream
+stream = sg.Stream.from_handle(torch.cuda.current_stream())
+start = time.perf_counter()
+stream.sync()
+print(time.perf_counter() - start)
+"""
+
+
+def test_handle_0_is_the_legacy_default_stream_under_per_thread_default_streams() -> None:
+    """With CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM=1, cuda.bindings reads handle 0 as the
+    thread's per-thread stream; torch means the legacy one, and a sync must wait for its work."""
+    pytest.importorskip("torch")
+    env = child_env(CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM="1")
+    done = subprocess.run([sys.executable, "-c", PER_THREAD], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert float(done.stdout.split()[-1]) > 0.1  # it waited for torch's work
+
+
+class _OnTheSecondGpu:
+    """What an array of cuda:1 shows before it is imported."""
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (2, 1)
+
+    def __dlpack__(self, **kwargs: Any) -> object:
+        raise AssertionError("refused before the import")
+
+
+def test_an_import_on_a_stream_of_another_gpu_is_refused(cuda: sg.Device) -> None:
+    stream = cuda.stream()
+    with pytest.raises(sg.SignatureError, match=r"cannot import memory of cuda:1 on .*\nhelp: pass a stream of cuda:1"):
+        sg.Tensor.from_dlpack(_OnTheSecondGpu(), stream=stream)
+    assert_stream_usable(stream)

@@ -68,7 +68,7 @@ def test_touches_of_a_parameter_without_dtype_count_the_kernels_elements(sg_devi
     """`out` declares no dtype, so a tensor of any dtype is taken; the kernel writes `float`s (its C
     declaration says so), and n of them must fit the tensor's bytes, not n of its elements."""
     raw = sg_device.zeros((32,), sg.u8, name="raw")
-    refused = r"would touch 16 elements of 4 bytes of `out` \(64 bytes\), but `raw\[0:16\]` has 16 bytes"
+    refused = r"would touch 16 4-byte elements of `out` \(64 bytes\), but `raw\[0:16\]` has 16 bytes"
     with pytest.raises(SignatureError, match=refused):
         raw_fill[1, 16](raw[0:16].mut(), 1.0, 16)
     stream = sg_device.stream()
@@ -76,8 +76,13 @@ def test_touches_of_a_parameter_without_dtype_count_the_kernels_elements(sg_devi
     np.testing.assert_array_equal(raw.numpy().view(np.float32), 1.0)
     floats = sg_device.zeros((16,), name="floats")
     stream.run(byte_fill[1, 64](floats.mut(), 64))  # 64 bytes of 16 floats
-    with pytest.raises(SignatureError, match="would touch 65 elements of 1 bytes"):
+    with pytest.raises(SignatureError, match="would touch 65 1-byte elements"):
         byte_fill[1, 96](floats.mut(), 65)
+    # A build from another source counts what that source declares.
+    doubles = raw_fill.rebuilt(source=RAW_FILL.replace("float* out", "double* out"))
+    doubles[1, 16](floats.mut(), 1.0, 8)  # 8 doubles: 64 bytes, all of `floats`
+    with pytest.raises(SignatureError, match="would touch 16 8-byte elements"):
+        doubles[1, 16](floats.mut(), 1.0, 16)
 
 
 def test_opting_in_to_more_shared_memory_is_kept_by_every_build_of_a_kernel() -> None:
@@ -467,3 +472,15 @@ def test_every_scalar_type_reaches_the_kernel_as_its_c_type(sg_device: sg.Device
     )
     assert ints.numpy().tolist() == [-128, -(2**15), 255, 2**32 - 1, -(2**40)]
     assert int(big.numpy()[0]) == 2**63 + 5 and float(real.numpy()[0]) == 1 / 3
+
+
+def test_the_bench_kernels_count_their_own_float4_elements(sg_device: sg.Device) -> None:
+    """The bandwidth kernels take float4 pointers: a launch over a tensor's whole bytes builds (its
+    counts are float4s), and one float4 past the end is refused."""
+    from scopegraph._cli.bench._model import copy4, read_only
+
+    src, dst, out = (sg_device.zeros((1024,), name=n) for n in ("src", "dst", "out"))
+    read_only[8, 256](out.mut(), src, 256)
+    copy4[8, 256](dst.mut(), src, 256)
+    with pytest.raises(SignatureError, match="would touch 257 16-byte elements"):
+        copy4[8, 256](dst.mut(), src, 257)

@@ -556,6 +556,8 @@ class CudaBackend:
         """A cuda.core Stream for a foreign stream, and the index of the device it belongs to."""
         self.make_current()
         with self.driver_call("wrapping a foreign stream"):
+            if not isinstance(obj, CoreStream) and int(obj.__cuda_stream__()[1]) == 0:  # type: ignore[attr-defined]
+                obj = _LEGACY_DEFAULT_STREAM
             native = obj if isinstance(obj, CoreStream) else self.core.create_stream(obj)
             return native, int(native.device.device_id)
 
@@ -876,11 +878,16 @@ class CudaBackend:
         # refuses those for frozen tensors.
         alloc = tensor.allocation
         # Owned by an Export as long as the consumer's array lives: free() refuses meanwhile.
-        exported = Buffer.from_handle(alloc.address + tensor.offset, tensor.nbytes, owner=Export(alloc))
         view = StridedMemoryView.from_buffer(
-            exported, tensor.shape, dtype=tensor.dtype.numpy, is_readonly=tensor.frozen
+            Buffer.from_handle(alloc.address + tensor.offset, tensor.nbytes, owner=Export(alloc)),
+            tensor.shape,
+            dtype=tensor.dtype.numpy,
+            is_readonly=tensor.frozen,
         )
-        return view.__dlpack__(stream=-1, **options)
+        try:
+            return view.__dlpack__(stream=-1, **options)
+        finally:
+            del view  # a refused export, its traceback kept, must not hold the Export
 
     def dlpack_device(self) -> tuple[int, int]:
         return (2, int(self.core.device_id))  # kDLCUDA
@@ -969,6 +976,18 @@ def _counter_address(loop: While) -> int:
     """Where a bounded loop counts its iterations (scopegraph._control.sg_condition)."""
     assert loop.counter is not None  # a loop with max_iterations has a counter
     return loop.counter.allocation.address + loop.counter.offset
+
+
+class _LegacyDefault:
+    """CU_STREAM_LEGACY (handle 1), wrapped where a foreign stream's handle is 0: torch and CuPy
+    mean the legacy default stream by 0, but with CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM=1
+    cuda.bindings would read 0 as the calling thread's per-thread stream (see Stream.from_handle)."""
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, 1)
+
+
+_LEGACY_DEFAULT_STREAM = _LegacyDefault()
 
 
 def _counters(loops: Iterable[While]) -> dict[int, tuple[Tensor, LoopLimitError]]:

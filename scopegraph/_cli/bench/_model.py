@@ -52,7 +52,7 @@ extern "C" __global__ void read_only(float* __restrict__ out, const float4* __re
     if (threadIdx.x == 0) out[blockIdx.x] = acc;
 }
 """,
-    touches={"out": "grid_x", "src": "n4 * 4"},
+    touches={"out": "grid_x", "src": "n4"},  # float4s, as the kernel declares `src`
 )
 def read_only(out: Mut[Tensor], src: Tensor, n4: i64) -> None:
     """One pass over src (n4 float4), read only: the ceiling of a weight-streaming model."""
@@ -63,7 +63,7 @@ def read_only(out: Mut[Tensor], src: Tensor, n4: i64) -> None:
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n4; i += (long long)gridDim.x * blockDim.x)
         dst[i] = __ldcs(src + i);
 }""",
-    touches={"dst": "n4 * 4", "src": "n4 * 4"},
+    touches={"dst": "n4", "src": "n4"},  # float4s
 )
 def copy4(dst: Mut[Tensor], src: Tensor, n4: i64) -> None:
     """dst = src, 16 bytes per thread per step: the bandwidth a plain copy kernel reaches."""
