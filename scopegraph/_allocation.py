@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Final
 
 from sortedcontainers import SortedDict
 
+from ._errors import LifetimeError
 from ._intervals import overlapping
 
 if TYPE_CHECKING:
@@ -198,16 +199,22 @@ class Export:
     __slots__ = ("alloc",)
 
     def __init__(self, alloc: Allocation) -> None:
-        self.alloc = alloc
-        with _exports_lock:
+        with EXPORTS:  # Tensor.free() checks `exports` and sets `freed` under it too
+            if alloc.freed:
+                raise LifetimeError(
+                    f"cannot export allocation `{alloc.label}`: it was freed meanwhile\n"
+                    "help: export it before another thread frees it"
+                )
             alloc.exports += 1
+        self.alloc = alloc
 
     def __del__(self) -> None:
-        with _exports_lock:
-            self.alloc.exports -= 1
+        if hasattr(self, "alloc"):  # not one whose __init__ refused
+            with EXPORTS:
+                self.alloc.exports -= 1
 
 
-_exports_lock = threading.RLock()  # re-entrant: a collection may run __del__ inside __init__
+EXPORTS = threading.RLock()  # re-entrant: a collection may run __del__ inside __init__
 
 
 class Allocation:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Final, Generic, NoReturn, SupportsIndex, 
 
 import numpy as np
 
+from ._allocation import EXPORTS
 from ._errors import (
     BorrowError,
     BoundsError,
@@ -266,15 +267,6 @@ class Tensor:
                     help="close the graph first (graph.close() or a `with` block), then free",
                 )
             )
-        if alloc.exports:
-            raise LifetimeError(
-                diagnostic(
-                    f"cannot free `{self.name}`: another library's array still aliases its memory",
-                    [f"{alloc.exports} zero-copy export(s) through DLPack (torch.from_dlpack, cupy.from_dlpack, ...)"],
-                    help="drop those arrays first, or drop this tensor instead of freeing it: its memory is then "
-                    "released when the last of them goes",
-                )
-            )
         start, end = alloc.address, alloc.address + alloc.nbytes
         wrappers = [
             a
@@ -293,7 +285,17 @@ class Tensor:
                     "its memory is then released when the last wrapper goes",
                 )
             )
-        alloc.freed = True
+        with EXPORTS:  # an export made meanwhile by another thread must see `freed` (Export)
+            if alloc.exports:
+                raise LifetimeError(
+                    diagnostic(
+                        f"cannot free `{self.name}`: another library's array still aliases its memory",
+                        [f"{alloc.exports} zero-copy export(s) through DLPack (torch.from_dlpack, cupy.from_dlpack)"],
+                        help="drop those arrays first, or drop this tensor instead of freeing it: its memory is then "
+                        "released when the last of them goes",
+                    )
+                )
+            alloc.freed = True
         alloc.storage = None
         if alloc.release is not None:
             alloc.release()

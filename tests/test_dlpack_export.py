@@ -292,3 +292,22 @@ def test_free_is_refused_while_a_gpu_alias_lives(cuda: sg.Device, library: str) 
     assert float(alias[0]) == 1.0
     del alias
     x.free()
+
+
+def test_an_export_racing_a_free_is_refused(host: sg.Device, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another thread frees the tensor after the export checked it was alive and before the export
+    holds it (played here from inside the export): the export is refused, not an alias of freed
+    memory."""
+    from scopegraph._backends import _host
+
+    x = host.full((16,), 1.0, name="x")
+    view_of = _host._array
+
+    def freed_meanwhile(tensor: sg.Tensor, writable: bool) -> NDArray:
+        x.free()
+        return view_of(tensor, writable)
+
+    monkeypatch.setattr(_host, "_array", freed_meanwhile)
+    with pytest.raises(sg.LifetimeError, match="it was freed meanwhile"):
+        numpy_import(x)
+    assert x.allocation.exports == 0
