@@ -89,7 +89,9 @@ class GraphCache(Generic[K]):
             if entry is not None:
                 del self._graphs[key]  # closed by the user: build it again
             del entry
-            with CudaGraph.scope(self.stream, self.order) as s:
+            building = CudaGraph.scope(self.stream, self.order)
+            building.opened_by = "GraphCache.get()"  # other threads may launch the cached graphs meanwhile
+            with building as s:
                 self.record(s, key)
             graph = s.graph
             self._forget_closed()

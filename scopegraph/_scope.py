@@ -188,6 +188,9 @@ class Scope:
         # The thread that opened the scope, the only one that may record into it: the tracker's
         # state is not guarded against two threads recording at once (edges would go missing).
         self.thread = 0
+        # What opened it when the user did not ("GraphCache.get()"): then only the recording
+        # thread's eager work on the stream is refused, since no other thread's belongs to it.
+        self.opened_by = ""
 
     def __repr__(self) -> str:
         return f"<Scope on stream #{self.stream.id}, {len(self._nodes)} nodes, {self._state.value}>"

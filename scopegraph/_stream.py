@@ -84,17 +84,19 @@ class Stream:
 
     def check_not_recording(self, what: str) -> None:
         scope = self.recording
-        if scope is not None:
-            raise ScopeStateError(
-                diagnostic(
-                    f"cannot {what} on stream #{self.id} while a scope is recording on it",
-                    [
-                        f"the scope was opened at {scope.opened_at}",
-                        "eager work here would run before the graph ever does",
-                    ],
-                    help="record the op with s.record(op), or run it on another stream or after the scope",
-                )
+        if scope is None or (scope.opened_by and scope.thread != threading.get_ident()):
+            return  # a GraphCache building a graph on another thread: its program is not this thread's
+        by = f" by {scope.opened_by}" if scope.opened_by else ""
+        raise ScopeStateError(
+            diagnostic(
+                f"cannot {what} on stream #{self.id} while a scope is recording on it",
+                [
+                    f"the scope was opened{by} at {scope.opened_at}",
+                    "eager work here would run before the graph ever does",
+                ],
+                help="record the op with s.record(op), or run it on another stream or after the scope",
             )
+        )
 
     def run(self, op: Op[R]) -> R:
         """Execute ``op`` now, in stream order. Allocation ops return their new Tensor."""

@@ -5,6 +5,7 @@ builds that cache nothing."""
 from __future__ import annotations
 
 import gc
+import threading
 import weakref
 from collections.abc import Callable
 
@@ -252,3 +253,40 @@ def test_cache_of_graphs_with_params_serves_many_sizes(sg_device: sg.Device, sg_
     assert (cache.hits, cache.misses, cache.evictions) == (6, 3, 0)
     with pytest.raises(sg.SignatureError, match="would touch 65 elements"):
         cache.get(64).launch(n=65)
+
+
+def test_a_miss_in_one_thread_does_not_block_launches_of_cached_graphs_in_another() -> None:
+    """get() records a miss in a scope on the cache's stream; another thread's launch of a cached
+    graph there is not part of that recording, so it runs. Eager work from the recording thread,
+    inside record(), is still refused."""
+    dev = sg.device("host")
+    stream = dev.stream()
+    xs = {k: dev.zeros((8,), name=f"x{k}") for k in (1, 2, 3)}
+    recording, go_on = threading.Event(), threading.Event()
+
+    def record(s: sg.Scope, key: int) -> None:
+        s.record(library.add_scalar_op(xs[key].mut(), 1.0))
+        if key == 2:
+            recording.set()
+            go_on.wait(5)
+        if key == 3:
+            stream.run(sg.memset(xs[1].mut(), 0.0))  # the recording thread's own eager work
+
+    cache = sg.GraphCache(stream, record, maxsize=4)
+    first = cache.get(1)
+    builder = threading.Thread(target=cache.get, args=(2,))
+    builder.start()
+    recording.wait(5)
+    try:
+        first.launch()
+        first.update(sg.memset(xs[3].mut(), 5.0))
+        first.sync()
+    finally:
+        go_on.set()
+        builder.join()
+    np.testing.assert_array_equal(xs[1].numpy(), 1.0)
+    with pytest.raises(sg.ScopeStateError, match=r"opened by GraphCache.get\(\) at"):
+        cache.get(3)
+    cache.get(2).launch()
+    np.testing.assert_array_equal(xs[2].numpy(), 1.0)
+    cache.clear()
