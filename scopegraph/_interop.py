@@ -27,6 +27,8 @@ from ._lifetime import note_eager_use, queued_on
 from ._stream import Stream
 from ._tensor import Tensor, check_name
 
+KDL_CUDA = 2  # DLPack's device type of CUDA device memory (3: pinned host memory)
+
 
 def tensor_from_foreign(obj: Any, name: str | None = None, stream: Stream | None = None) -> Tensor:
     """A borrowed Tensor over ``obj``'s memory (device memory, or host memory on the host backend).
@@ -127,7 +129,8 @@ def _wrap_device(obj: Any, name: str | None, stream: Stream | None) -> Tensor:
     # the array's device, which is then waited for so the wrapper is ready on every stream.
     dlpack_device = obj.__dlpack_device__() if hasattr(obj, "__dlpack_device__") else None
     index = int(dlpack_device[1]) if dlpack_device is not None else _cai_device(obj)
-    if stream is not None and stream.device.index != index:
+    on_a_gpu = index is not None and (dlpack_device is None or dlpack_device[0] == KDL_CUDA)  # not pinned host memory
+    if stream is not None and on_a_gpu and stream.device.index != index:
         raise SignatureError(
             diagnostic(
                 f"cannot import memory of cuda:{index} on {stream} (of {stream.device})",
@@ -135,7 +138,7 @@ def _wrap_device(obj: Any, name: str | None, stream: Stream | None) -> Tensor:
                 help=f"pass a stream of cuda:{index}, the memory's device, or none",
             )
         )
-    consumer = stream if stream is not None else device(f"cuda:{index}").setup_stream
+    consumer = stream if stream is not None else device(f"cuda:{index or 0}").setup_stream
     view = StridedMemoryView.from_any_interface(obj, stream_ptr=int(consumer.native.handle))  # type: ignore[attr-defined]
     if stream is None:
         consumer.sync()
@@ -159,14 +162,15 @@ def _wrap_device(obj: Any, name: str | None, stream: Stream | None) -> Tensor:
     return tensor.freeze() if view.readonly else tensor  # read-only memory is frozen memory
 
 
-def _cai_device(obj: Any) -> int:
-    """The device of a ``__cuda_array_interface__`` pointer (the interface does not say)."""
+def _cai_device(obj: Any) -> int | None:
+    """The device of a ``__cuda_array_interface__`` pointer (the interface does not say); None
+    when the driver cannot tell (a null pointer of an empty array)."""
     from cuda.bindings import driver
 
     # cuda.bindings: cuda.core has no pointer-attribute query.
     ptr = obj.__cuda_array_interface__["data"][0]
     err, ordinal = driver.cuPointerGetAttribute(driver.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr)
-    return int(ordinal) if err == driver.CUresult.CUDA_SUCCESS else 0
+    return int(ordinal) if err == driver.CUresult.CUDA_SUCCESS else None
 
 
 def _not_contiguous(name: str | None) -> SignatureError:

@@ -426,7 +426,7 @@ class Kernel(Generic[P]):
         # Every kernel rebuilt() from this one (generics() instances too): a host reference
         # registered later reaches them.
         self._derived: weakref.WeakSet[Kernel[P]] = weakref.WeakSet()
-        self._touch_bytes: tuple[int | None, ...] | None = None  # see touch_element_bytes
+        self._touch_bytes: tuple[int | None, ...] | None = None  # see _touch_element_bytes
         # Loaded per device by the CUDA backend: backend -> its loaded form (the cuda.core Kernel
         # and the launch limits it was compiled to; see _backends/_cuda.py).
         self.compiled: dict[object, Any] = {}
@@ -489,7 +489,7 @@ class Kernel(Generic[P]):
             inst = self._instances[key] = self.rebuilt(template_args=key)
         return inst
 
-    def touch_element_bytes(self) -> tuple[int | None, ...]:
+    def _touch_element_bytes(self) -> tuple[int | None, ...]:
         """Bytes of one element that each ``touches`` count counts: the parameter's dtype's, else
         what this kernel's C declaration points to (``float* out``: 4, whatever the tensor's
         dtype), else None, the tensor's own elements (a template instantiation, a typedef, a
@@ -1105,7 +1105,7 @@ def _make_binder(kernel: Kernel[Any]) -> Callable[..., None]:
         local.update({name: f"{name[:-2]}[{'xyz'.index(name[-1])}]" for name in LAUNCH_NAMES})
         fits = []
         for pos, expression, element in zip(
-            touches.params, touches.expressions, kernel.touch_element_bytes(), strict=True
+            touches.params, touches.expressions, kernel._touch_element_bytes(), strict=True
         ):
             count = f"({_rename(expression, local)})"
             fits.append(  # a known element size: compare bytes
@@ -1293,7 +1293,7 @@ class KernelLaunch(GraphNode):
                 )
             ) from None
         for position, need, name, expression, element in zip(
-            touches.params, counts, touches.names, touches.expressions, self.kernel.touch_element_bytes(), strict=True
+            touches.params, counts, touches.names, touches.expressions, self.kernel._touch_element_bytes(), strict=True
         ):
             tensor = self.args[position]
             if element is None or element == tensor.dtype.itemsize:

@@ -1,7 +1,8 @@
 """Streams: where eager work runs in order, and what a scope records on.
 
 Thread safety: a Stream may be used from several threads (CUDA orders the work it receives), but
-one scope records from one thread; a stream that a scope records on refuses eager work from all.
+one scope records from one thread; a stream that a scope records on refuses eager work from all
+(but a GraphCache's scope for a miss: only from its own thread, see ``check_not_recording``).
 """
 
 from __future__ import annotations

@@ -286,16 +286,17 @@ class Tensor:
                 )
             )
         with EXPORTS:  # an export made meanwhile by another thread must see `freed` (Export)
-            if alloc.exports:
-                raise LifetimeError(
-                    diagnostic(
-                        f"cannot free `{self.name}`: another library's array still aliases its memory",
-                        [f"{alloc.exports} zero-copy export(s) through DLPack (torch.from_dlpack, cupy.from_dlpack)"],
-                        help="drop those arrays first, or drop this tensor instead of freeing it: its memory is then "
-                        "released when the last of them goes",
-                    )
+            exports = alloc.exports
+            alloc.freed = not exports
+        if exports:  # the message is built outside the lock
+            raise LifetimeError(
+                diagnostic(
+                    f"cannot free `{self.name}`: another library's array still aliases its memory",
+                    [f"{exports} zero-copy export(s) through DLPack (torch.from_dlpack, cupy.from_dlpack)"],
+                    help="drop those arrays first, or drop this tensor instead of freeing it: its memory is then "
+                    "released when the last of them goes",
                 )
-            alloc.freed = True
+            )
         alloc.storage = None
         if alloc.release is not None:
             alloc.release()

@@ -556,7 +556,7 @@ class CudaBackend:
         """A cuda.core Stream for a foreign stream, and the index of the device it belongs to."""
         self.make_current()
         with self.driver_call("wrapping a foreign stream"):
-            if not isinstance(obj, CoreStream) and int(obj.__cuda_stream__()[1]) == 0:  # type: ignore[attr-defined]
+            if int(obj.__cuda_stream__()[1]) == 0:  # type: ignore[attr-defined]
                 obj = _LEGACY_DEFAULT_STREAM
             native = obj if isinstance(obj, CoreStream) else self.core.create_stream(obj)
             return native, int(native.device.device_id)
