@@ -57,6 +57,7 @@ class Pin:
         "description",
         "last_stream",
         "pending",
+        "recorder",
         "recording",
         "replayed_on",
         "sharers",
@@ -68,6 +69,9 @@ class Pin:
     def __init__(self, description: str, recording: bool = False) -> None:
         self.description = description
         self.recording = recording  # an open scope's: the graph that takes it over clears it
+        # While recording: the one thread whose reads of what it writes are refused (a GraphCache's
+        # scope: other threads' reads are no part of its program); 0, every thread's.
+        self.recorder = 0
         self.allocations: dict[int, Allocation] = {}
         # start, end, start, end, ...: flat, so recording an op adds no object that lives on
         # (and ranges, not borrows: a pin must not keep tensors alive).

@@ -211,6 +211,8 @@ class Scope:
                 )
             )
         self.thread = get_ident()
+        if self.opened_by:
+            self._pin.recorder = self.thread
         self._state = _State.OPEN
         return self
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Callable
+from threading import get_ident
 from typing import TYPE_CHECKING, Any, Final, Generic, NoReturn, SupportsIndex, TypeVar, final
 
 import numpy as np
@@ -311,7 +312,7 @@ class Tensor:
         if alloc.pins or len(alloc.region.members) > 1:
             start = alloc.address + self.offset
             for pin in pins_writing(alloc, start, start + self.nbytes):
-                if pin.recording:
+                if pin.recording and pin.recorder in (0, get_ident()):
                     raise ScopeStateError(
                         diagnostic(
                             f"cannot read `{self.name}` with numpy(): {pin.description} records a write to it",

@@ -257,8 +257,9 @@ def test_cache_of_graphs_with_params_serves_many_sizes(sg_device: sg.Device, sg_
 
 def test_a_miss_in_one_thread_does_not_block_launches_of_cached_graphs_in_another() -> None:
     """get() records a miss in a scope on the cache's stream; another thread's launch of a cached
-    graph there is not part of that recording, so it runs. Eager work from the recording thread,
-    inside record(), is still refused."""
+    graph there is not part of that recording, so it runs, and so does its numpy() of what the
+    miss records a write to. Eager work from the recording thread, inside record(), is still
+    refused."""
     dev = sg.device("host")
     stream = dev.stream()
     xs = {k: dev.zeros((8,), name=f"x{k}") for k in (1, 2, 3)}
@@ -281,6 +282,7 @@ def test_a_miss_in_one_thread_does_not_block_launches_of_cached_graphs_in_anothe
         first.launch()
         first.update(sg.memset(xs[3].mut(), 5.0))
         first.sync()
+        np.testing.assert_array_equal(xs[2].numpy(), 0.0)  # the miss's write runs at its replays
     finally:
         go_on.set()
         builder.join()
