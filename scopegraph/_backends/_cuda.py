@@ -511,10 +511,11 @@ class CudaBackend:
             if not all(e.is_done for e in entry[0]):
                 graveyard.append(entry)
 
-    def _view(self, tensor: Tensor) -> Buffer:
-        """A non-owning Buffer over a tensor's bytes, keeping the allocation alive while it lives."""
+    def _view(self, tensor: Tensor, owner: object = None) -> Buffer:
+        """A non-owning Buffer over a tensor's bytes, keeping ``owner`` (by default the allocation)
+        alive while it lives."""
         alloc = tensor.allocation
-        return Buffer.from_handle(alloc.address + tensor.offset, tensor.nbytes, owner=alloc)
+        return Buffer.from_handle(alloc.address + tensor.offset, tensor.nbytes, owner=owner or alloc)
 
     def read(
         self, alloc: Allocation, offset: int, nbytes: int, settle: bool = True
@@ -876,10 +877,9 @@ class CudaBackend:
             self.memory_stream.sync()
         # cuda.core would drop the read-only flag from an unversioned capsule: Tensor.__dlpack__
         # refuses those for frozen tensors.
-        alloc = tensor.allocation
         # Owned by an Export as long as the consumer's array lives: free() refuses meanwhile.
         view = StridedMemoryView.from_buffer(
-            Buffer.from_handle(alloc.address + tensor.offset, tensor.nbytes, owner=Export(alloc)),
+            self._view(tensor, Export(tensor.allocation)),
             tensor.shape,
             dtype=tensor.dtype.numpy,
             is_readonly=tensor.frozen,
