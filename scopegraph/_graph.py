@@ -205,6 +205,8 @@ class CudaGraph:
         return self._exec is None
 
     def __enter__(self) -> Self:
+        if self._exec is None:  # as `with` a closed file: the block would only meet this error later
+            raise self._closed_error("enter")
         return self
 
     def __exit__(

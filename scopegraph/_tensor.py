@@ -126,7 +126,10 @@ class Tensor:
         try:
             given = tuple(shape)
             for d in given:
-                _refuse_bool(d, f"a dimension of the view {given!r} of `{self.name}`", "pass ints, e.g. t.view((1, 8))")
+                if type(d) is not int:  # (the message only when needed: views are built in inner loops)
+                    _refuse_bool(
+                        d, f"a dimension of the view {given!r} of `{self.name}`", "pass ints, e.g. t.view((1, 8))"
+                    )
             dims = [operator.index(d) for d in given]
         except TypeError:
             raise SignatureError(
@@ -145,7 +148,8 @@ class Tensor:
                 )
             )
         new_shape = tuple(dims)
-        check_shape(new_shape, self.dtype, f"the view {new_shape} of `{self.name}`")
+        if self.size == 0 or len(new_shape) > MAX_DIMS:  # else its bytes are this tensor's, which fit
+            check_shape(new_shape, self.dtype, f"the view {new_shape} of `{self.name}`")
         return Tensor(self._alloc, self.offset, new_shape, self.dtype, name or self.name, self)
 
     def __getitem__(self, index: int | slice) -> Tensor:
@@ -157,7 +161,10 @@ class Tensor:
         row_bytes = self.nbytes // rows if rows else 0
         if isinstance(index, slice):
             for bound in (index.start, index.stop, index.step):
-                _refuse_bool(bound, f"a bound of the row slice of `{self.name}`", "slice rows with ints, e.g. t[2:5]")
+                if bound is not None and type(bound) is not int:
+                    _refuse_bool(
+                        bound, f"a bound of the row slice of `{self.name}`", "slice rows with ints, e.g. t[2:5]"
+                    )
             try:
                 start, stop, step = index.indices(rows)
             except (TypeError, ValueError):
@@ -177,11 +184,12 @@ class Tensor:
                 self._alloc, self.offset + start * row_bytes, (stop - start, *self.shape[1:]), self.dtype, label, self
             )
         if isinstance(index, (int, np.integer)):
-            _refuse_bool(
-                index,
-                f"the row index of `{self.name}`[{index!r}]",
-                "index rows with an int (t[1]); scopegraph has no boolean masks",
-            )
+            if type(index) is not int:
+                _refuse_bool(
+                    index,
+                    f"the row index of `{self.name}`[{index!r}]",
+                    "index rows with an int (t[1]); scopegraph has no boolean masks",
+                )
             i = int(index) + rows if index < 0 else int(index)
             if not 0 <= i < rows:
                 raise BoundsError(

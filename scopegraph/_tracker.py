@@ -79,25 +79,56 @@ class DataflowTracker:
         self._segments: SortedDict[int, _Segment] = SortedDict()
         self._add_join = add_join
         self.count = 0
+        # The allocations (ids) that this recording has touched. Bytes of any other allocation
+        # that shares its memory with none (a region of one member) have no segment yet: every
+        # allocation a recording touched stays alive while it records (the scope pins it), so
+        # no new allocation can overlap one unless the memory map puts both in one region.
+        self._seen: set[int] = set()
+        # Segments made by such first touches, by start, kept out of the sorted map while their
+        # allocation is accessed only as it was first (most tensors of a program: weights,
+        # per-layer activations, touched once or twice): a plain dict, no interval lookups, no
+        # sorted insertion. `_lone_start`: allocation id -> the start of its lone segment. An
+        # access of other bytes first moves the lone segments of every allocation sharing the
+        # memory into the sorted map (`_promote`).
+        self._lone: dict[int, _Segment] = {}
+        self._lone_start: dict[int, int] = {}
 
     def add(self, borrows: Sequence[Borrow]) -> frozenset[int]:
         deps: set[int] = set()
         segments = self._segments
-        get = segments.get
-        # Accesses to exactly one whole segment (the common case, inlined) are updated in place
-        # once the deps are known; the rest (`ranged`) split segments, so they are redone from
-        # scratch after that.
+        lone = self._lone
+        seen = self._seen
+        # Accesses to exactly one whole segment (the common case, inlined) are noted (`reads`,
+        # `writes`) and updated in place once the deps are known; first touches make new lone
+        # segments; the rest (`ranged`) split segments, so they are redone from scratch last.
+        reads: list[_Segment] = []
+        writes: list[_Segment] = []
+        first: list[Borrow] | None = None
         ranged: list[Borrow] | None = None
         for b in borrows:
             start, end = b.start, b.end
             if start == end:
                 continue
-            seg = get(start)
-            if seg is not None and seg.end == end:
+            seg = lone.get(start)
+            if seg is None:
+                seg = segments.get(start)
+            if seg is None:
+                alloc = b.alloc
+                if alloc.id not in seen:
+                    seen.add(alloc.id)  # (so another borrow of it in this op takes the ranged path)
+                    if len(alloc.region.members) == 1:
+                        if first is None:
+                            first = [b]
+                        else:
+                            first.append(b)
+                        continue
+            elif seg.end == end:
                 if not b.mutable:
                     if seg.writer >= 0:
                         deps.add(seg.writer)
+                    reads.append(seg)
                     continue
+                writes.append(seg)
                 readers = seg.readers
                 if readers is None:
                     if seg.writer >= 0:
@@ -111,6 +142,8 @@ class DataflowTracker:
                 ranged = [b]
             else:
                 ranged.append(b)
+            if self._lone_start:
+                self._promote(b)
             touched = overlapping(segments, start, end)
             if b.mutable:
                 for seg in touched:
@@ -124,19 +157,33 @@ class DataflowTracker:
                         deps.add(seg.writer)
         node = self.count
         self.count = node + 1
-        for b in borrows:  # the whole-segment accesses, before any split
-            start = b.start
-            if start == b.end or (ranged is not None and b in ranged):
-                continue
-            seg = segments[start]
-            if b.mutable:
-                seg.writer, seg.readers = node, None
-            elif seg.readers is None or seg.readers.node != node:  # one read per segment and op
+        for seg in writes:  # before any split
+            seg.writer, seg.readers = node, None
+        for seg in reads:
+            if seg.readers is None or seg.readers.node != node:  # one read per segment and op
                 seg.readers = _Readers(node, seg.readers)
+        if first is not None:  # before the ranged accesses, which may split them
+            lone_start = self._lone_start
+            for b in first:
+                lone[b.start] = _Segment(b.end, node, None) if b.mutable else _Segment(b.end, -1, _Readers(node, None))
+                lone_start[b.alloc.id] = b.start
         if ranged is not None:
             for b in ranged:
+                if self._lone_start:
+                    self._promote(b)  # a first touch of this op may share its memory
                 self._write(b.start, b.end, node) if b.mutable else self._read(b.start, b.end, node)
         return frozenset(deps)
+
+    def _promote(self, b: Borrow) -> None:
+        """Move the lone segments of every allocation that shares memory with ``b``'s into the
+        sorted map, where the interval lookups of ``b`` find them."""
+        lone_start = self._lone_start
+        alloc = b.alloc
+        members = alloc.region.members
+        for alloc_id in members if len(members) > 1 else (alloc.id,):
+            start = lone_start.pop(alloc_id, None)
+            if start is not None:
+                self._segments[start] = self._lone.pop(start)
 
     def _wait_for_readers(self, readers: _Readers, deps: set[int]) -> None:
         head: _Readers | None = readers

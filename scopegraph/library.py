@@ -23,7 +23,7 @@ from typing import Annotated, Any, ParamSpec
 import numpy as np
 
 from . import _dtypes as dt
-from ._errors import SignatureError
+from ._errors import SignatureError, diagnostic
 from ._kernel import Kernel, KernelLaunch, TensorSpec, kernel
 from ._ops import borrowed_tensor
 from ._params import Param
@@ -322,7 +322,13 @@ def rms_norm_op(out: Mut[Tensor], x: Tensor, w: Tensor, eps: Scalar) -> KernelLa
             "rms_norm_op normalises rows, but `x` is a scalar (shape ())\nhelp: pass x of shape (d,) or (rows, d)"
         )
     d = rows.shape[-1]
+    written = _written(out, "rms_norm_op")
+    if written.size != rows.size:
+        raise _sizes_differ("rms_norm_op", "out", written, f"a row for each row of `x`, shape {rows.shape}", rows.size)
     block = rms_norm_block(d)
+    kernel = _rms_norm_of_block.get(block)
+    if kernel is None:
+        kernel = _rms_norm_of_block[block] = rms_norm.generics(block)
     if rows.size == 0:  # zero-size ops are no work: one block, rows of no elements
         weights = borrowed_tensor(w, False, "rms_norm_op", "w")
         if weights.size < d:  # refused as for rows that exist (the launch below checks no sizes)
@@ -330,8 +336,12 @@ def rms_norm_op(out: Mut[Tensor], x: Tensor, w: Tensor, eps: Scalar) -> KernelLa
                 f"rms_norm_op: `w` has {weights.size} elements, fewer than a row of `x` ({d})\n"
                 "help: pass the norm's weights, one per element of a row"
             )
-        return rms_norm.generics(block)[1, block](out, x, w, eps, 0)
-    return rms_norm.generics(block)[rows.size // d, block](out, x, w, eps, d)
+        return kernel[1, block](out, x, w, eps, 0)
+    return kernel[rows.size // d, block](out, x, w, eps, d)
+
+
+# rms_norm's instantiations by block (generics() converts its arguments to C++ text on each call).
+_rms_norm_of_block: dict[int, Kernel[Any]] = {}
 
 
 def narrow(k: Kernel[P]) -> Kernel[P]:
@@ -353,32 +363,49 @@ _narrow: dict[Kernel[Any], Kernel[Any]] = {}
 BLOCK_SUM_SHARED = 256
 
 
-def _matrix(w: Tensor, helper: str, static_shared: int = 0) -> tuple[int, int, int, int]:
+def _sizes_differ(helper: str, param: str, got: Tensor, rule: str, want: int) -> SignatureError:
+    """``param`` (the tensor ``got``) must have ``want`` elements, as ``rule`` says."""
+    return SignatureError(
+        diagnostic(
+            f"{helper} needs {want} elements in `{param}` ({rule}); `{got.name}` has {got.size}",
+            [f"`{got.name}` has shape {got.shape}"],
+            help=f"pass `{param}` with {want} elements",
+        )
+    )
+
+
+def _matrix(out: Mut[Tensor], x: Tensor, w: Tensor, helper: str, static_shared: int = 0) -> tuple[int, int, int, int]:
     """(n, k, grid, shared bytes) of a matvec-family launch over ``w`` of shape (n, k), for a kernel
-    with at most ``static_shared`` bytes of static shared memory (the rest of 48 KiB is dynamic's)."""
+    with at most ``static_shared`` bytes of static shared memory (the rest of 48 KiB is dynamic's);
+    ``out`` must have n elements and ``x`` k (the kernels touch no more and no fewer)."""
     if borrowed_tensor(w, False, helper, "w").ndim != 2:
         raise SignatureError(f"{helper} needs a matrix `w`; `{w.name}` has shape {w.shape}\nhelp: view it as (n, k)")
     n, k = w.shape
+    written = _written(out, helper)
+    if written.size != n:
+        raise _sizes_differ(helper, "out", written, f"one for each row of `w`, shape {w.shape}", n)
+    if borrowed_tensor(x, False, helper, "x").size != k:
+        raise _sizes_differ(helper, "x", x, f"one for each column of `w`, shape {w.shape}", k)
     shared = 4 * k if 4 * k + static_shared <= MAX_SHARED_BYTES else 0  # x staged in shared memory (the fast path)
     return n, k, _blocks(n, MATVEC_WARPS * MATVEC_ROWS_PER_WARP), shared
 
 
 def matvec_op(out: Mut[Tensor], x: Tensor, w: Tensor) -> KernelLaunch:
     """``out = w @ x`` for ``w`` of shape (n, k)."""
-    n, k, grid, shared = _matrix(w, "matvec_op")
+    n, k, grid, shared = _matrix(out, x, w, "matvec_op")
     return (narrow(matvec) if k <= NARROW_K else matvec)[grid, 32 * MATVEC_WARPS, shared](out, x, w, n, k)
 
 
 def matvec_add_op(out: Mut[Tensor], x: Tensor, w: Tensor) -> KernelLaunch:
     """``out += w @ x`` for ``w`` of shape (n, k): a matvec and a residual add in one kernel."""
-    n, k, grid, shared = _matrix(w, "matvec_add_op")
+    n, k, grid, shared = _matrix(out, x, w, "matvec_add_op")
     return (narrow(matvec_add) if k <= NARROW_K else matvec_add)[grid, 32 * MATVEC_WARPS, shared](out, x, w, n, k)
 
 
 def rms_norm_matvec_op(out: Mut[Tensor], x: Tensor, nw: Tensor, w: Tensor, eps: Scalar) -> KernelLaunch:
     """``out = w @ rms_norm(x, nw, eps)`` for ``w`` of shape (n, k): the RMSNorm of one row fused
     into the matvec after it."""
-    n, k, grid, shared = _matrix(w, "rms_norm_matvec_op", BLOCK_SUM_SHARED)
+    n, k, grid, shared = _matrix(out, x, w, "rms_norm_matvec_op", BLOCK_SUM_SHARED)
     return (narrow(rms_norm_matvec) if k <= NARROW_K else rms_norm_matvec)[grid, 32 * MATVEC_WARPS, shared](
         out, x, nw, w, eps, n, k
     )

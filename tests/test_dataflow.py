@@ -140,6 +140,34 @@ def test_dataflow_edges_are_exactly_the_conflicts(program: list[list[tuple[int, 
     assert dag_violations(ops, deps) == []
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(ranges, min_size=1, max_size=3), min_size=1, max_size=30))
+def test_dataflow_edges_are_exactly_the_conflicts_between_wrappers_of_one_memory(
+    program: list[list[tuple[int, int, int, bool]]],
+) -> None:
+    """The same property over three wrappers of one numpy buffer, two of them overlapping: the
+    tracker's first touch of an allocation (no lookup: nothing recorded can lie in its bytes) must
+    not apply to memory that another wrapper shares."""
+    memory = np.zeros(64, np.uint8)
+    allocs = [sg.Tensor.from_dlpack(memory[a:b], name=f"w{a}") for a, b in ((0, 24), (12, 36), (40, 64))]
+    ops, deps = _run_tracker(DataflowTracker, [_borrows(allocs, accesses) for accesses in program])
+    assert dag_violations(ops, deps) == []
+
+
+def test_a_first_touch_through_a_second_wrapper_waits_for_the_first() -> None:
+    memory = np.zeros(16, np.float32)
+    first, second = sg.Tensor.from_dlpack(memory, name="first"), sg.Tensor.from_dlpack(memory[8:], name="second")
+    out = sg.device("host").zeros((8,), name="out")
+    with CudaGraph.scope(sg.device("host").stream()) as s:
+        write = s.record(library.fill_op(first.mut(), 2.0))
+        read = s.record(sg.memcpy(out.mut(), second))
+    assert read.deps == {write.index}
+    with s.graph as g:
+        g.launch()
+        g.sync()
+    np.testing.assert_array_equal(out.numpy(), 2.0)
+
+
 def test_the_property_check_fails_for_wrong_trackers() -> None:
     """The property above can fail: the program-order tracker adds edges that stem from no
     conflict, and a tracker that returns no edges leaves conflicts unordered."""

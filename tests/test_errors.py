@@ -174,7 +174,13 @@ def test_closed_graph_cannot_be_used(sg_device: sg.Device, sg_stream: sg.Stream)
     graph.close()
     graph.close()  # idempotent
     assert graph.closed
-    for use in (graph.launch, graph.sync, lambda: graph.update(sg.memset(x.mut(), 2.0)), lambda: graph.nodes):
+    for use in (
+        graph.launch,
+        graph.sync,
+        lambda: graph.update(sg.memset(x.mut(), 2.0)),
+        lambda: graph.nodes,
+        graph.__enter__,  # `with graph:`
+    ):
         with pytest.raises(sg.LifetimeError, match="it is closed"):
             use()
     assert_stream_usable(sg_stream)

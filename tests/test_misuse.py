@@ -520,6 +520,27 @@ def matvec_op_x_too_small(c: Ctx) -> None:
         s.record(library.matvec_op(out.mut(), x, w))
 
 
+@case("SignatureError", r"out12|`out`", r"\b8\b")
+def matvec_op_out_larger_than_w_has_rows(c: Ctx) -> None:
+    """library.matvec_op with w of shape (8, 16) and a 12-float out: 4 of its floats would stay as they were."""
+    out, x, w = c.zeros(12, "out12"), c.zeros(16, "x"), c.zeros((8, 16), "w")
+    library.matvec_op(out.mut(), x, w)
+
+
+@case("SignatureError", r"x24|`x`", r"\b16\b")
+def rms_norm_matvec_op_x_longer_than_w_rows(c: Ctx) -> None:
+    """library.rms_norm_matvec_op with w of shape (8, 16) and a 24-float x (and norm weights)."""
+    out, x, w = c.zeros(8, "out"), c.zeros(24, "x24"), c.zeros((8, 16), "w")
+    library.rms_norm_matvec_op(out.mut(), x, c.zeros(24, "nw"), w, 1e-5)
+
+
+@case("SignatureError", r"out4x16|`out`", r"\b32\b")
+def rms_norm_op_out_with_more_rows_than_x(c: Ctx) -> None:
+    """library.rms_norm_op of x (2, 16) into out (4, 16): two rows of out would stay as they were."""
+    out, x = c.zeros((4, 16), "out4x16"), c.zeros((2, 16), "x")
+    library.rms_norm_op(out.mut(), x, c.zeros(16, "nw"), 1e-5)
+
+
 @case("SignatureError", r"a16|`a`", r"\b64\b")
 def raw_add_launch_size_exceeds_inputs(c: Ctx) -> None:
     """A raw launch of library.add whose size argument (64) exceeds its 16-float inputs."""

@@ -107,6 +107,14 @@ class LayerStack:
         ]
         self.hidden = device.zeros((d,), name="hidden")
 
+    def tensors(self) -> list[Tensor]:
+        """Every tensor of the stack: weights, buffers and the hidden state."""
+        return [
+            *(t for w in self.weights for t in (w.norm_w, w.wq, w.wo)),
+            *(t for b in self.buffers for t in (b.norm, b.q, b.o, b.residual)),
+            self.hidden,
+        ]
+
     def ops(self, form: str = "seed") -> list[GraphNode]:
         """One forward pass. ``form`` (see FORMS): "seed", the graph nodes the seed records (5 a
         layer, a memcpy among them); "kernels", the same math in 4 kernels a layer as PyTorch runs
