@@ -37,7 +37,7 @@ The error code ``scopegraph-borrow`` can be silenced per line like any other
 
 It also names the kernel in mypy's messages for a launch (``Argument 1 to "axpy" has
 incompatible type ...``), through a variable that holds ``axpy[grid, block]`` too (a kernel held
-in a container is named by its place, ``kernels['axpy']``; one no expression names is "kernel
+in a container is named by its place, ``kernels["axpy"]``; one no expression names is "kernel
 launch"). One variable may hold launchers of several kernels of one signature; it is named after
 the first it was given. It lets a launch take a graph parameter where the kernel takes a scalar:
 an ``sg.f32`` parameter accepts ``float`` or ``sg.Param[float]``, an ``sg.i32`` one ``int`` or
@@ -64,6 +64,7 @@ through ``ParamSpec`` (count, names, ``Mut[Tensor]`` against ``Tensor``, scalar 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 
 from mypy.errorcodes import ARG_TYPE, ErrorCode
@@ -137,7 +138,10 @@ def place_of(expr: Expression) -> str | None:
         else:
             return None
         base = place_of(expr.base)
-        return None if base is None else f"{base}[{key!r}]"
+        # A string key in double quotes, as the formatters most code goes through write it.
+        return (
+            None if base is None else f"{base}[{key if isinstance(key, int) else json.dumps(key, ensure_ascii=False)}]"
+        )
     return None
 
 
@@ -319,7 +323,7 @@ def _scalar_name(formal: Type) -> str | None:
 
 def _kernel_name(expr: Expression) -> str | None:
     """The kernel's name from ``k[...]``, ``mod.k[...]`` or ``k.generics(...)[...]``; for a kernel
-    held in a container, the place that holds it (``kernels['axpy']``)."""
+    held in a container, the place that holds it (``kernels["axpy"]``)."""
     if isinstance(expr, IndexExpr):
         expr = expr.base
     if isinstance(expr, CallExpr) and isinstance(expr.callee, MemberExpr) and expr.callee.name == "generics":
@@ -396,7 +400,9 @@ class ScopeGraphPlugin(Plugin):
 
     def _launch_signature(self, ctx: MethodSigContext) -> CallableType:
         """The kernel's name in messages, and ``sg.Param[T]`` accepted where it takes a scalar ``T``."""
-        signature = ctx.default_signature.copy_modified(name=_launch_name(ctx.type))
+        # No definition: mypy would point at Launcher.__call__ in scopegraph._kernel as where the
+        # user's kernel is "defined" (a note under an unexpected keyword argument).
+        signature = ctx.default_signature.copy_modified(name=_launch_name(ctx.type), definition=None)
         sym = self.lookup_fully_qualified(_PARAM)
         if sym is None or not isinstance(sym.node, TypeInfo):
             return signature

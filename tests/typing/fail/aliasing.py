@@ -8,6 +8,7 @@ stream = dev.stream()
 x = dev.zeros((16,))
 y = dev.zeros((16,))
 bufs = [dev.zeros((16,)) for _ in range(2)]
+by_name = {"y": dev.zeros((16,))}
 
 
 @dataclass
@@ -49,6 +50,7 @@ with CudaGraph.scope(stream) as s:
     s.record(library.add[1, 16](y.mut(), y, x, 16))  # E: scopegraph-borrow
     s.record(library.axpy[1, 16](layer.w.mut(), layer.w, 1.0, 16))  # E: scopegraph-borrow
     s.record(library.axpy[1, 16](bufs[0].mut(), bufs[0], 1.0, 16))  # E: scopegraph-borrow
+    s.record(library.axpy[1, 16](by_name["y"].mut(), by_name["y"], 1.0, 16))  # E: scopegraph-borrow
     s.record(sg.memcpy(x.mut(), x))  # E: scopegraph-borrow
     s.record(sg.memcpy(sg.mut(y), y))  # E: scopegraph-borrow
     s.record(swap[1, 1](x.mut(), x.mut()))  # E: scopegraph-borrow
