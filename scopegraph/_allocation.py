@@ -73,7 +73,8 @@ class Region:
         self.stale = False
 
     def allocations(self) -> list[Allocation]:
-        return [a for ref in self.members.values() if (a := ref()) is not None]
+        # A copy first: another thread's release (or a finalizer) may pop a member meanwhile.
+        return [a for ref in tuple(self.members.values()) if (a := ref()) is not None]
 
 
 class MemoryMap:

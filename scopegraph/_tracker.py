@@ -81,17 +81,16 @@ class DataflowTracker:
         self.count = 0
         # The allocations (ids) that this recording has touched. Bytes of any other allocation
         # that shares its memory with none (a region of one member) have no segment yet: every
-        # allocation a recording touched stays alive while it records (the scope pins it), so
-        # no new allocation can overlap one unless the memory map puts both in one region.
+        # allocation is registered in the memory map, which puts allocations whose bytes overlap
+        # in one region, and every allocation a recording touched stays alive while it records
+        # (the scope pins it), so no later allocation can overlap it unless both share a region.
+        # (A loop or branch body whose block raised unpins what it touched, but its tracker goes
+        # with it: this one never saw those borrows.)
         self._seen: set[int] = set()
-        # Segments made by such first touches, by start, kept out of the sorted map while their
-        # allocation is accessed only as it was first (most tensors of a program: weights,
-        # per-layer activations, touched once or twice): a plain dict, no interval lookups, no
-        # sorted insertion. `_lone_start`: allocation id -> the start of its lone segment. An
-        # access of other bytes first moves the lone segments of every allocation sharing the
-        # memory into the sorted map (`_promote`).
+        # Segments made by such first touches, by start: a plain dict, no sorted insertion (most
+        # tensors of a program, weights and per-layer activations, are touched once or twice, and
+        # as a whole). They join the sorted map (`_settle`) before any interval lookup.
         self._lone: dict[int, _Segment] = {}
-        self._lone_start: dict[int, int] = {}
 
     def add(self, borrows: Sequence[Borrow]) -> frozenset[int]:
         deps: set[int] = set()
@@ -142,8 +141,8 @@ class DataflowTracker:
                 ranged = [b]
             else:
                 ranged.append(b)
-            if self._lone_start:
-                self._promote(b)
+            if lone:
+                self._settle()
             touched = overlapping(segments, start, end)
             if b.mutable:
                 for seg in touched:
@@ -157,33 +156,26 @@ class DataflowTracker:
                         deps.add(seg.writer)
         node = self.count
         self.count = node + 1
-        for seg in writes:  # before any split
-            seg.writer, seg.readers = node, None
-        for seg in reads:
+        for seg in reads:  # before any split
             if seg.readers is None or seg.readers.node != node:  # one read per segment and op
                 seg.readers = _Readers(node, seg.readers)
+        for seg in writes:
+            seg.writer, seg.readers = node, None
         if first is not None:  # before the ranged accesses, which may split them
-            lone_start = self._lone_start
             for b in first:
                 lone[b.start] = _Segment(b.end, node, None) if b.mutable else _Segment(b.end, -1, _Readers(node, None))
-                lone_start[b.alloc.id] = b.start
         if ranged is not None:
+            if lone:
+                self._settle()  # a first touch of this op may share its memory
             for b in ranged:
-                if self._lone_start:
-                    self._promote(b)  # a first touch of this op may share its memory
                 self._write(b.start, b.end, node) if b.mutable else self._read(b.start, b.end, node)
         return frozenset(deps)
 
-    def _promote(self, b: Borrow) -> None:
-        """Move the lone segments of every allocation that shares memory with ``b``'s into the
-        sorted map, where the interval lookups of ``b`` find them."""
-        lone_start = self._lone_start
-        alloc = b.alloc
-        members = alloc.region.members
-        for alloc_id in members if len(members) > 1 else (alloc.id,):
-            start = lone_start.pop(alloc_id, None)
-            if start is not None:
-                self._segments[start] = self._lone.pop(start)
+    def _settle(self) -> None:
+        """Move the lone segments into the sorted map, where interval lookups find them: each
+        segment is inserted once, as it would have been on its first touch."""
+        self._segments.update(self._lone)
+        self._lone.clear()
 
     def _wait_for_readers(self, readers: _Readers, deps: set[int]) -> None:
         head: _Readers | None = readers

@@ -119,7 +119,18 @@ def _run_tracker(
         ops.append(borrows)
         deps.append(node_deps)
         assert all(d < len(deps) - 1 for d in node_deps)
+        if isinstance(tracker, DataflowTracker):
+            assert _segments_overlapping(tracker) == []
     return ops, deps
+
+
+def _segments_overlapping(tracker: DataflowTracker) -> list[tuple[int, int]]:
+    """Starts of neighbouring segments that overlap, in the sorted map and the first touches'
+    dict together (the tracker's state must be disjoint ranges, each in one of them)."""
+    lone, ordered = tracker._lone, tracker._segments
+    spans = sorted([(start, seg.end) for start, seg in lone.items()] + [(s, seg.end) for s, seg in ordered.items()])
+    both = set(lone) & set(ordered)
+    return [(a, b) for (a, a_end), (b, _) in itertools.pairwise(spans) if a_end > b] + [(s, s) for s in both]
 
 
 ranges = st.tuples(st.integers(0, 2), st.integers(0, 15), st.integers(0, 8), st.booleans())

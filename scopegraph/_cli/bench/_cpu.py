@@ -13,9 +13,10 @@ in a real program: most of its borrows are a recording's first touch of a tensor
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
-from ... import CudaGraph, Device, library, memcpy, memset
+from ... import CudaGraph, Device, GraphNode, Stream, library, memcpy, memset
 from ..seed_model import Config, LayerStack
 from ._table import markdown
 from ._timing import Side, interleaved
@@ -25,6 +26,18 @@ OPS = 1000
 
 class _Stop(Exception):
     pass
+
+
+def _record_and_leave(stream: Stream, ops: Iterable[GraphNode]) -> None:
+    """Record ``ops`` (a generator builds each inside the clock) and leave the scope without
+    building the graph (suite 3 times building)."""
+    try:
+        with CudaGraph.scope(stream) as s:
+            for op in ops:
+                s.record(op)
+            raise _Stop
+    except _Stop:
+        pass
 
 
 def run(dev: Device, quick: bool) -> dict[str, Any]:
@@ -51,46 +64,11 @@ def run(dev: Device, quick: bool) -> dict[str, Any]:
     bufs = [dev.zeros((256,), name=f"r{i}") for i in range(16)]
 
     def record_ops() -> None:
-        try:
-            with CudaGraph.scope(stream) as s:
-                for i in range(OPS):
-                    s.record(library.axpy_op(bufs[(i + 1) % 16].mut(), bufs[i % 16], 1.0))
-                raise _Stop  # leave without building the graph (suite 3 times building)
-        except _Stop:
-            pass
+        _record_and_leave(stream, (library.axpy_op(bufs[(i + 1) % 16].mut(), bufs[i % 16], 1.0) for i in range(OPS)))
 
     prebuilt = [library.axpy_op(bufs[(i + 1) % 16].mut(), bufs[i % 16], 1.0) for i in range(OPS)]
-
-    def record_prebuilt() -> None:
-        try:
-            with CudaGraph.scope(stream) as s:
-                for op in prebuilt:
-                    s.record(op)
-                raise _Stop
-        except _Stop:
-            pass
-
     model = LayerStack(dev, Config(d=64, n_layers=OPS // 5))
-
-    def record_model() -> None:
-        try:
-            with CudaGraph.scope(stream) as s:
-                for op in model.ops():
-                    s.record(op)
-                raise _Stop
-        except _Stop:
-            pass
-
     model_ops = model.ops()
-
-    def record_model_prebuilt() -> None:
-        try:
-            with CudaGraph.scope(stream) as s:
-                for op in model_ops:
-                    s.record(op)
-                raise _Stop
-        except _Stop:
-            pass
 
     def eager_kernels() -> None:
         for _ in range(OPS):
@@ -111,9 +89,9 @@ def run(dev: Device, quick: bool) -> dict[str, Any]:
         "build_memcpy": (memcpy_ops, nothing, 1),
         "build_memset": (memset_ops, nothing, 1),
         "record_kernel": (record_ops, nothing, 1),
-        "record_prebuilt": (record_prebuilt, nothing, 1),
-        "record_model": (record_model, nothing, 1),
-        "record_model_prebuilt": (record_model_prebuilt, nothing, 1),
+        "record_prebuilt": (lambda: _record_and_leave(stream, prebuilt), nothing, 1),
+        "record_model": (lambda: _record_and_leave(stream, model.ops()), nothing, 1),
+        "record_model_prebuilt": (lambda: _record_and_leave(stream, model_ops), nothing, 1),
         "eager_kernel": (eager_kernels, stream.sync, 1),
         "eager_memcpy": (eager_memcpy, stream.sync, 1),
         "eager_memset": (eager_memset, stream.sync, 1),
