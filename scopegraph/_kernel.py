@@ -302,37 +302,68 @@ def _parse_touches(touches: Mapping[str, str], params: tuple[KernelParam, ...], 
     return Touches(tuple(tensor_params[n] for n in touches), tuple(touches), tuple(map(str, touches.values())), count)
 
 
-# Bytes of the C types a kernel's pointer parameters may point to (the others: not known).
+# Bytes of the C types a kernel's pointer parameters may point to, as nvcc and NVRTC lay them out
+# on a 64-bit Linux host (LP64: `long` is 8 bytes). Integer types in any spelling (`long int`,
+# `unsigned long long int`) and CUDA's vector types (`uint4`, `float3`, `longlong2`) are worked
+# out by _c_type_bytes; typedefs and `using` aliases of these in the source too.
 _C_SIZES = {
-    **dict.fromkeys(("char", "signed char", "unsigned char", "int8_t", "uint8_t", "bool"), 1),
-    **dict.fromkeys(("short", "unsigned short", "int16_t", "uint16_t", "__half", "half", "__nv_bfloat16"), 2),
-    **dict.fromkeys(("int", "unsigned", "unsigned int", "int32_t", "uint32_t", "float"), 4),
-    **dict.fromkeys(("long long", "unsigned long long", "int64_t", "uint64_t", "double", "float2", "int2"), 8),
-    **dict.fromkeys(("float4", "int4", "double2"), 16),
+    **dict.fromkeys(("int8_t", "uint8_t", "bool"), 1),
+    **dict.fromkeys(("int16_t", "uint16_t", "__half", "half", "__nv_bfloat16", "char16_t"), 2),
+    **dict.fromkeys(("int32_t", "uint32_t", "float", "char32_t", "wchar_t", "__half2", "half2", "__nv_bfloat162"), 4),
+    **dict.fromkeys(("int64_t", "uint64_t", "double", "size_t", "ptrdiff_t", "intptr_t", "uintptr_t"), 8),
 }
+_INTEGER_WORDS = frozenset(("signed", "unsigned", "short", "long", "int", "char"))
+_VECTOR = re.compile(r"u?(char|short|int|longlong|long)([1-4])|(float|double)([1-4])")
+_VECTOR_BASE = {"char": 1, "short": 2, "int": 4, "long": 8, "longlong": 8, "float": 4, "double": 8}
 _QUALIFIERS = re.compile(r"\b(?:const|volatile|__restrict__|__restrict|restrict)\b")
+_ALIASES = re.compile(r"\btypedef\s+([\w\s]+?)\s+(\w+)\s*;|\busing\s+(\w+)\s*=\s*([\w\s]+?)\s*;")
 
 
-def declared_pointee_bytes(source: str, cpp_name: str) -> tuple[int | None, ...]:
+def _c_type_bytes(name: str, aliases: dict[str, int]) -> int | None:
+    """Bytes of the C type ``name`` (qualifiers removed, words single-spaced); None if unknown."""
+    known = _C_SIZES.get(name) or aliases.get(name)
+    if known:
+        return known
+    words = name.split()
+    if words and _INTEGER_WORDS.issuperset(words):
+        return 1 if "char" in words else 2 if "short" in words else 8 if "long" in words else 4
+    vector = _VECTOR.fullmatch(name)
+    if vector:
+        base, lanes = (vector[1], vector[2]) if vector[1] else (vector[3], vector[4])
+        return _VECTOR_BASE[base] * int(lanes)
+    return None
+
+
+def declared_pointee_bytes(source: str, cpp_name: str) -> tuple[int | str | None, ...]:
     """Per parameter of the non-template ``__global__`` declaration of ``cpp_name`` that ``source``
     spells out (a forward declaration and the definition must agree): the bytes of what a pointer
-    parameter points to, None for anything else (a scalar, a template type, a typedef). Empty
-    when there is no such declaration, or several that differ."""
+    parameter points to; the spelling of a pointee type that cannot be sized (a struct, a typedef
+    of one, a macro); None for anything else (a scalar, ``void*``). Empty when there is no such
+    declaration, or several that differ."""
     code = code_only(source)
+    aliases: dict[str, int] = {}
+    for alias in _ALIASES.finditer(code):  # in source order: an alias of an earlier alias too
+        target, name = (alias[1], alias[2]) if alias[2] else (alias[4], alias[3])
+        size = _c_type_bytes(" ".join(_QUALIFIERS.sub(" ", target).split()), aliases)
+        if size:
+            aliases[name] = size
     found = set()
     for call in re.finditer(rf"\b{re.escape(cpp_name)}\s*\(", code):
         start = max(code.rfind(mark, 0, call.start()) for mark in ";{}")
         head = code[start + 1 : call.start()]
         end = code.find(")", call.end())
         if _GLOBAL.search(head) and not _TEMPLATE.search(head) and end != -1 and "(" not in code[call.end() : end]:
-            found.add(tuple(_pointee_bytes(item) for item in _top_level_items(code[call.end() : end])))
+            found.add(tuple(_pointee_bytes(item, aliases) for item in _top_level_items(code[call.end() : end])))
     return found.pop() if len(found) == 1 else ()
 
 
-def _pointee_bytes(parameter: str) -> int | None:
+def _pointee_bytes(parameter: str, aliases: dict[str, int]) -> int | str | None:
     declared = " ".join(_QUALIFIERS.sub(" ", parameter).split())
     pointer = re.fullmatch(r"(.+?)\s*\*\s*\w*", declared)
-    return _C_SIZES.get(pointer.group(1)) if pointer and "*" not in pointer.group(1) else None
+    if not pointer or "*" in pointer.group(1):
+        return None
+    pointee = pointer.group(1)
+    return None if pointee == "void" else _c_type_bytes(pointee, aliases) or pointee
 
 
 def _check_pdl(pdl: bool, early: tuple[str, ...], params: tuple[KernelParam, ...], kernel_name: str) -> frozenset[str]:
@@ -491,18 +522,32 @@ class Kernel(Generic[P]):
 
     def _touch_element_bytes(self) -> tuple[int | None, ...]:
         """Bytes of one element that each ``touches`` count counts: the parameter's dtype's, else
-        what this kernel's C declaration points to (``float* out``: 4, whatever the tensor's
-        dtype), else None, the tensor's own elements (a template instantiation, a typedef, a
-        declaration the source does not spell out). Read from the source on first use."""
+        what this kernel's C declaration points to (``float* out``: 4, ``uint4* out``: 16,
+        whatever the tensor's dtype), else None, the tensor's own elements (a template
+        instantiation, ``void*``, a declaration the source does not spell out). A pointee the
+        source spells but no rule sizes (a struct) is a SignatureError: counting the tensor's
+        elements could let the kernel reach past it. Read from the source on first use."""
         if self._touch_bytes is None:
             assert self.touches is not None  # asked for by the touches checks only
             pointees = () if self.template_args else declared_pointee_bytes(self.source, self.cpp_name)
             if len(pointees) != len(self.params):
                 pointees = (None,) * len(self.params)
-            self._touch_bytes = tuple(
-                dtype.itemsize if (dtype := self.params[i].dtype) is not None else pointees[i]
-                for i in self.touches.params
-            )
+            sizes: list[int | None] = []
+            for i in self.touches.params:
+                dtype, pointee = self.params[i].dtype, pointees[i]
+                if dtype is None and isinstance(pointee, str):
+                    name = self.params[i].name
+                    raise SignatureError(
+                        diagnostic(
+                            f"kernel `{self.cpp_name}`: touches counts elements of `{name}`, which points to "
+                            f"`{pointee}`, a type scopegraph cannot size",
+                            ["counting the tensor's own elements instead could let the kernel reach past it"],
+                            help=f"give `{name}` a dtype, Annotated[Tensor, sg.TensorSpec(sg.f32)] (touches then "
+                            "counts that dtype's elements), or declare it with a built-in C or CUDA vector type",
+                        )
+                    )
+                sizes.append(dtype.itemsize if dtype is not None else pointee if isinstance(pointee, int) else None)
+            self._touch_bytes = tuple(sizes)
         return self._touch_bytes
 
     def rebuilt(

@@ -12,7 +12,9 @@ State is a *segment map*: a ``SortedDict`` from start address to :class:`_Segmen
 ranges each with its last writer and the readers since. An op that touches a range splits at
 most two segments and visits only the segments inside the range, so recording costs
 O(log n + k) for k segments touched, never a scan of earlier ops. Accesses to exactly one whole
-segment (the common case: an op that uses whole tensors) are plain dict hits.
+segment (the common case: an op that uses whole tensors) are plain dict hits, and so is a
+recording's first touch of an allocation that shares its memory with no other (most tensors of a
+program): its segment waits in a plain dict until an interval lookup needs the sorted map.
 
 Readers are a persistent linked list, so splitting a segment shares its readers for free. When
 a second write must wait for more than :data:`JOIN_THRESHOLD` readers of one list (the first

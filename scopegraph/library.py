@@ -295,11 +295,18 @@ def fill_op(out: Mut[Tensor], value: Scalar) -> KernelLaunch:
 
 def add_op(out: Mut[Tensor], a: Tensor, b: Tensor) -> KernelLaunch:
     n, grid = _elementwise(out, "add_op")
+    # (Anything but a Tensor is the launch's to refuse; a shorter input its size check's too.)
+    if type(a) is Tensor and a.size != n:
+        raise _size_error("add_op", "a", a, n, "one for each element of `out`")
+    if type(b) is Tensor and b.size != n:
+        raise _size_error("add_op", "b", b, n, "one for each element of `out`")
     return add[grid, ELEMENTWISE_BLOCK](out, a, b, n)
 
 
 def axpy_op(out: Mut[Tensor], x: Tensor, a: Scalar) -> KernelLaunch:
     n, grid = _elementwise(out, "axpy_op", AXPY_BLOCK)
+    if type(x) is Tensor and x.size != n:
+        raise _size_error("axpy_op", "x", x, n, "one for each element of `out`")
     return axpy[grid, AXPY_BLOCK](out, x, a, n)
 
 
@@ -322,20 +329,17 @@ def rms_norm_op(out: Mut[Tensor], x: Tensor, w: Tensor, eps: Scalar) -> KernelLa
             "rms_norm_op normalises rows, but `x` is a scalar (shape ())\nhelp: pass x of shape (d,) or (rows, d)"
         )
     d = rows.shape[-1]
-    written = _written(out, "rms_norm_op")
+    written = out.tensor if type(out) is Mut else _written(out, "rms_norm_op")
     if written.size != rows.size:
-        raise _sizes_differ("rms_norm_op", "out", written, f"a row for each row of `x`, shape {rows.shape}", rows.size)
+        raise _size_error("rms_norm_op", "out", written, rows.size, f"a row for each row of `x`, shape {rows.shape}")
+    weights = w if type(w) is Tensor else borrowed_tensor(w, False, "rms_norm_op", "w")
+    if weights.size < d or (weights.size > d and rows.size):  # (an op of no elements reads none of them)
+        raise _size_error("rms_norm_op", "w", weights, d, "the norm's weights, one for each element of a row of `x`")
     block = rms_norm_block(d)
     kernel = _rms_norm_of_block.get(block)
     if kernel is None:
         kernel = _rms_norm_of_block[block] = rms_norm.generics(block)
     if rows.size == 0:  # zero-size ops are no work: one block, rows of no elements
-        weights = borrowed_tensor(w, False, "rms_norm_op", "w")
-        if weights.size < d:  # refused as for rows that exist (the launch below checks no sizes)
-            raise SignatureError(
-                f"rms_norm_op: `w` has {weights.size} elements, fewer than a row of `x` ({d})\n"
-                "help: pass the norm's weights, one per element of a row"
-            )
         return kernel[1, block](out, x, w, eps, 0)
     return kernel[rows.size // d, block](out, x, w, eps, d)
 
@@ -363,13 +367,13 @@ _narrow: dict[Kernel[Any], Kernel[Any]] = {}
 BLOCK_SUM_SHARED = 256
 
 
-def _sizes_differ(helper: str, param: str, got: Tensor, rule: str, want: int) -> SignatureError:
-    """``param`` (the tensor ``got``) must have ``want`` elements, as ``rule`` says."""
+def _size_error(helper: str, param: str, got: Tensor, want: int, rule: str) -> SignatureError:
+    """``param`` of ``helper`` (the tensor ``got``) must have ``want`` elements, as ``rule`` says."""
     return SignatureError(
         diagnostic(
-            f"{helper} needs {want} elements in `{param}` ({rule}); `{got.name}` has {got.size}",
-            [f"`{got.name}` has shape {got.shape}"],
-            help=f"pass `{param}` with {want} elements",
+            f"{helper} needs `{param}` of {want} elements ({rule}); `{got.name}` has shape {got.shape}, "
+            f"{got.size} elements",
+            help=f"pass `{param}` with {want} elements: slice or view the tensor you meant, or allocate one",
         )
     )
 
@@ -381,11 +385,12 @@ def _matrix(out: Mut[Tensor], x: Tensor, w: Tensor, helper: str, static_shared: 
     if borrowed_tensor(w, False, helper, "w").ndim != 2:
         raise SignatureError(f"{helper} needs a matrix `w`; `{w.name}` has shape {w.shape}\nhelp: view it as (n, k)")
     n, k = w.shape
-    written = _written(out, helper)
+    written = out.tensor if type(out) is Mut else _written(out, helper)
     if written.size != n:
-        raise _sizes_differ(helper, "out", written, f"one for each row of `w`, shape {w.shape}", n)
-    if borrowed_tensor(x, False, helper, "x").size != k:
-        raise _sizes_differ(helper, "x", x, f"one for each column of `w`, shape {w.shape}", k)
+        raise _size_error(helper, "out", written, n, f"one for each row of `w`, shape {w.shape}")
+    read = x if type(x) is Tensor else borrowed_tensor(x, False, helper, "x")
+    if read.size != k:
+        raise _size_error(helper, "x", read, k, f"one for each column of `w`, shape {w.shape}")
     shared = 4 * k if 4 * k + static_shared <= MAX_SHARED_BYTES else 0  # x staged in shared memory (the fast path)
     return n, k, _blocks(n, MATVEC_WARPS * MATVEC_ROWS_PER_WARP), shared
 
@@ -406,6 +411,8 @@ def rms_norm_matvec_op(out: Mut[Tensor], x: Tensor, nw: Tensor, w: Tensor, eps: 
     """``out = w @ rms_norm(x, nw, eps)`` for ``w`` of shape (n, k): the RMSNorm of one row fused
     into the matvec after it."""
     n, k, grid, shared = _matrix(out, x, w, "rms_norm_matvec_op", BLOCK_SUM_SHARED)
+    if type(nw) is Tensor and nw.size != k:
+        raise _size_error("rms_norm_matvec_op", "nw", nw, k, "the norm's weights, one for each element of `x`")
     return (narrow(rms_norm_matvec) if k <= NARROW_K else rms_norm_matvec)[grid, 32 * MATVEC_WARPS, shared](
         out, x, nw, w, eps, n, k
     )

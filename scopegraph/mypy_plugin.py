@@ -37,7 +37,7 @@ The error code ``scopegraph-borrow`` can be silenced per line like any other
 
 It also names the kernel in mypy's messages for a launch (``Argument 1 to "axpy" has
 incompatible type ...``), through a variable that holds ``axpy[grid, block]`` too (a kernel held
-in a container is named by its place, ``kernels["axpy"]``; one no expression names is "kernel
+in a container is named by its place, ``kernels['axpy']``; one no expression names is "kernel
 launch"). One variable may hold launchers of several kernels of one signature; it is named after
 the first it was given. It lets a launch take a graph parameter where the kernel takes a scalar:
 an ``sg.f32`` parameter accepts ``float`` or ``sg.Param[float]``, an ``sg.i32`` one ``int`` or
@@ -122,26 +122,27 @@ _SCALARS = ("builtins.float", "builtins.int", "builtins.bool")
 _UNNAMED_LAUNCH = "kernel launch"
 
 
-def place_of(expr: Expression) -> str | None:
-    """``x``, ``a.b.c``, ``xs[0]``, ``xs[-1]`` or ``d["k"]`` as text; None for anything that is not a place."""
+def place_of(expr: Expression, quoted: bool = False) -> str | None:
+    """``x``, ``a.b.c``, ``xs[0]``, ``xs[-1]`` or ``d["k"]`` as text; None for anything that is not a
+    place. A string key is in double quotes, as formatters write code, unless the text goes inside
+    mypy's own double quotes (``quoted``): there ``d['k']``."""
     if isinstance(expr, NameExpr):
         return expr.name
     if isinstance(expr, MemberExpr):
-        base = place_of(expr.expr)
+        base = place_of(expr.expr, quoted)
         return None if base is None else f"{base}.{expr.name}"
     if isinstance(expr, IndexExpr):
         index = expr.index
         if isinstance(index, UnaryExpr) and index.op == "-" and isinstance(index.expr, IntExpr):
-            key: int | str = -index.expr.value  # bufs[-1]: a literal too, as Python writes it
-        elif isinstance(index, (IntExpr, StrExpr)):
-            key = index.value
+            key = str(-index.expr.value)  # bufs[-1]: a literal too, as Python writes it
+        elif isinstance(index, IntExpr):
+            key = str(index.value)
+        elif isinstance(index, StrExpr):
+            key = repr(index.value) if quoted else json.dumps(index.value, ensure_ascii=False)
         else:
             return None
-        base = place_of(expr.base)
-        # A string key in double quotes, as the formatters most code goes through write it.
-        return (
-            None if base is None else f"{base}[{key if isinstance(key, int) else json.dumps(key, ensure_ascii=False)}]"
-        )
+        base = place_of(expr.base, quoted)
+        return None if base is None else f"{base}[{key}]"
     return None
 
 
@@ -323,14 +324,14 @@ def _scalar_name(formal: Type) -> str | None:
 
 def _kernel_name(expr: Expression) -> str | None:
     """The kernel's name from ``k[...]``, ``mod.k[...]`` or ``k.generics(...)[...]``; for a kernel
-    held in a container, the place that holds it (``kernels["axpy"]``)."""
+    held in a container, the place that holds it (``kernels['axpy']``: mypy quotes the name)."""
     if isinstance(expr, IndexExpr):
         expr = expr.base
     if isinstance(expr, CallExpr) and isinstance(expr.callee, MemberExpr) and expr.callee.name == "generics":
         expr = expr.callee.expr
     if isinstance(expr, (NameExpr, MemberExpr)):
         return expr.name
-    return place_of(expr)
+    return place_of(expr, quoted=True)
 
 
 def _makes_graph_node(typ: Type, base: str = _GRAPH_NODE) -> bool:

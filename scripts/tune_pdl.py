@@ -205,7 +205,7 @@ def run_size(dev: sg.Device, stream: sg.Stream, d: int, cases: list[Case], read_
         )
     for g in graphs:
         g.close()
-    for w in [*(w for lw in model.weights for w in (lw.norm_w, lw.wq, lw.wo)), model.hidden, start]:
+    for w in [*model.tensors(), start]:
         w.free()
 
 
@@ -337,7 +337,7 @@ def trace(dev: sg.Device, stream: sg.Stream, case: Case, d: int = 2048, layers: 
             f"{rel.min():6.2f} {rel.max():6.2f}        {end:6.2f}          {early:6}                       {gap:5.2f}"
         )
     g.close()
-    for w in [*(w for lw in model.weights for w in (lw.norm_w, lw.wq, lw.wo)), model.hidden]:
+    for w in model.tensors():
         w.free()
 
 

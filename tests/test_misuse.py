@@ -541,6 +541,37 @@ def rms_norm_op_out_with_more_rows_than_x(c: Ctx) -> None:
     library.rms_norm_op(out.mut(), x, c.zeros(16, "nw"), 1e-5)
 
 
+@case("SignatureError", r"b64|`b`", r"\b16\b")
+def add_op_input_longer_than_out(c: Ctx) -> None:
+    """library.add_op of a 16-float out from a 16-float a and a 64-float b: 48 floats of b unread."""
+    library.add_op(c.zeros(16, "out").mut(), c.zeros(16, "a"), c.zeros(64, "b64"))
+
+
+@case("SignatureError", r"x32|`x`", r"\b16\b")
+def axpy_op_x_longer_than_out(c: Ctx) -> None:
+    """library.axpy_op into a 16-float out from a 32-float x."""
+    library.axpy_op(c.zeros(16, "out").mut(), c.zeros(32, "x32"), 2.0)
+
+
+@case("SignatureError", r"nw24|`nw`", r"\b16\b")
+def rms_norm_matvec_op_norm_weights_longer_than_x(c: Ctx) -> None:
+    """library.rms_norm_matvec_op with w of shape (8, 16), a 16-float x and 24 norm weights."""
+    out, x, w = c.zeros(8, "out"), c.zeros(16, "x"), c.zeros((8, 16), "w")
+    library.rms_norm_matvec_op(out.mut(), x, c.zeros(24, "nw24"), w, 1e-5)
+
+
+@case("SignatureError", r"w32|`w`", r"\b16\b")
+def rms_norm_op_weights_longer_than_a_row(c: Ctx) -> None:
+    """library.rms_norm_op of rows of 16 with 32 norm weights."""
+    library.rms_norm_op(c.zeros((2, 16), "out").mut(), c.zeros((2, 16), "x"), c.zeros(32, "w32"), 1e-5)
+
+
+@case("SignatureError", r"out2x16|`out`", r"\b0 elements")
+def rms_norm_op_of_no_rows_into_an_out_with_elements(c: Ctx) -> None:
+    """library.rms_norm_op of x with no rows (0, 16) into out (2, 16): out would stay as it was."""
+    library.rms_norm_op(c.zeros((2, 16), "out2x16").mut(), c.zeros((0, 16), "x"), c.zeros(16, "w"), 1e-5)
+
+
 @case("SignatureError", r"a16|`a`", r"\b64\b")
 def raw_add_launch_size_exceeds_inputs(c: Ctx) -> None:
     """A raw launch of library.add whose size argument (64) exceeds its 16-float inputs."""

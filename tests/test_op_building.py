@@ -5,7 +5,7 @@ and that what it accepts binds to the same values."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 import pytest
@@ -13,7 +13,7 @@ import pytest
 import scopegraph as sg
 from scopegraph import Mut, Tensor, library
 from scopegraph._errors import BorrowError, LifetimeError, SignatureError
-from scopegraph._kernel import declared_template
+from scopegraph._kernel import declared_pointee_bytes, declared_template
 
 from .helpers import device_memory
 
@@ -484,3 +484,51 @@ def test_the_bench_kernels_count_their_own_float4_elements(sg_device: sg.Device)
     copy4[8, 256](dst.mut(), src, 256)
     with pytest.raises(SignatureError, match="would touch 257 16-byte elements"):
         copy4[8, 256](dst.mut(), src, 257)
+
+
+WIDE = r"""
+typedef float real;
+using index = unsigned long;
+struct Pair { float a, b; };
+extern "C" __global__ void wide(uint4* a, float3* b, long* c, long int* d, size_t* e, real* f, index* g,
+                                double3* h, ulonglong2* i, signed char* j, void* k, int n) {}
+extern "C" __global__ void pairs(struct Pair* out, int n) {}
+extern "C" __global__ void wide_a(uint4* a, int n) {}
+"""
+
+
+def test_the_bytes_each_c_type_points_to() -> None:
+    """Integer types in every spelling (LP64, as nvcc lays them out on Linux: `long` is 8 bytes),
+    CUDA vector types, size_t and aliases of these; None for void* and a scalar; the spelling of a
+    type no rule sizes (a struct)."""
+    assert declared_pointee_bytes(WIDE, "wide") == (16, 12, 8, 8, 8, 4, 8, 24, 16, 1, None, None)
+    assert declared_pointee_bytes(WIDE, "pairs") == ("struct Pair", None)
+
+
+@sg.kernel(WIDE, touches={"a": "n"})
+def wide_a(a: Mut[Tensor], n: sg.i32) -> None: ...
+
+
+def test_touches_counts_a_vector_pointee_in_its_own_bytes() -> None:
+    """The GPU audit: a uint4* parameter was counted in the tensor's 4-byte floats, so a launch
+    that writes 16 bytes an element past its view was accepted (and overwrote the next view)."""
+    out = sg.device("host").zeros((64,), name="out")  # 256 bytes: 16 uint4
+    wide_a[1, 1](out.mut(), 16)
+    with pytest.raises(SignatureError, match="would touch 17 16-byte elements"):
+        wide_a[1, 1](out.mut(), 17)
+
+
+def test_touches_refuses_a_pointee_it_cannot_size_unless_the_parameter_has_a_dtype() -> None:
+    @sg.kernel(WIDE, touches={"out": "n"})
+    def pairs(out: Mut[Tensor], n: sg.i32) -> None: ...
+
+    out = sg.device("host").zeros((16,), name="out")
+    with pytest.raises(SignatureError, match=r"`out`, which points to `struct Pair`, a type scopegraph cannot size"):
+        pairs[1, 1](out.mut(), 8)
+
+    @sg.kernel(WIDE, name="pairs", touches={"out": "n"})
+    def pairs_of_f32(out: Annotated[Mut[Tensor], sg.TensorSpec(sg.f32)], n: sg.i32) -> None: ...
+
+    pairs_of_f32[1, 1](out.mut(), 16)  # counted in f32s, as declared
+    with pytest.raises(SignatureError, match="would touch 17 elements"):
+        pairs_of_f32[1, 1](out.mut(), 17)

@@ -67,7 +67,7 @@ def test_messages_name_the_kernel_and_the_borrows(fail_results: tuple[dict[tuple
         (SNIPPETS / "fail" / "plugin_forms.py").read_text().splitlines().index("launch(y.mut(), x, 1.0)  # E: call-arg")
     )
     assert f'plugin_forms.py:{held + 1}: error: Missing positional argument "n" in call to "axpy"' in output
-    assert 'Missing positional argument "n" in call to "kernels["axpy"]"' in output
+    assert 'Missing positional argument "n" in call to "kernels[\'axpy\']"' in output  # in mypy's quotes
     assert 'cannot borrow `by_name["y"]` as immutable' in output  # a string key as written (double quotes)
     # An unexpected keyword is not said to be "defined in" scopegraph's own launcher module.
     assert 'Unexpected keyword argument "m" for "axpy"' in output and "scopegraph._kernel" not in output

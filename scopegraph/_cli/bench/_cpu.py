@@ -6,8 +6,8 @@ interleaved round medians, microseconds per op. Targets (issue 11): build <= 3 u
 prebuilt op is shown too: it re-checks liveness, frozen memory and the device, and runs the tracker.
 
 Two programs are recorded: 1000 axpy ops over 16 buffers (each tensor touched again and again),
-and the seed model's forward pass at d=64 with 200 layers (1000 ops, 5 a layer: rms_norm, two
-matvecs, add, memcpy), where each layer's weights and activations are tensors of their own, as
+and the seed model's forward pass (``MODEL``: 1000 ops, 5 a layer: rms_norm, two matvecs, add,
+memcpy), where each layer's weights and activations are tensors of their own, as
 in a real program: most of its borrows are a recording's first touch of a tensor.
 """
 
@@ -22,6 +22,7 @@ from ._table import markdown
 from ._timing import Side, interleaved
 
 OPS = 1000
+MODEL = Config(d=64, n_layers=OPS // 5)  # the seed model's form records 5 ops a layer
 
 
 class _Stop(Exception):
@@ -67,7 +68,7 @@ def run(dev: Device, quick: bool) -> dict[str, Any]:
         _record_and_leave(stream, (library.axpy_op(bufs[(i + 1) % 16].mut(), bufs[i % 16], 1.0) for i in range(OPS)))
 
     prebuilt = [library.axpy_op(bufs[(i + 1) % 16].mut(), bufs[i % 16], 1.0) for i in range(OPS)]
-    model = LayerStack(dev, Config(d=64, n_layers=OPS // 5))
+    model = LayerStack(dev, MODEL)
     model_ops = model.ops()
 
     def eager_kernels() -> None:
@@ -111,7 +112,7 @@ LABELS = {
     "build_memset": "build sg.memset(dst.mut(), 1.0)",
     "record_kernel": "s.record(axpy_op(...)), built inside; tracker included",
     "record_prebuilt": "s.record(op) of a built op (run-time checks, tracker)",
-    "record_model": "s.record() of the seed model's ops (d=64, 200 layers), built inside",
+    "record_model": f"s.record() of the seed model's ops (d={MODEL.d}, {MODEL.n_layers} layers), built inside",
     "record_model_prebuilt": "s.record() of the seed model's ops, built before",
     "eager_kernel": "eager stream.run(add_scalar_op(...)), built inside",
     "eager_memcpy": "eager stream.run(sg.memcpy(...)), built inside",

@@ -88,6 +88,6 @@ def run(dev: Device, quick: bool) -> dict[str, Any]:
             one.close()
             for t in (buf.out, buf.position, buf.flag):
                 t.free()
-        for t in [*(w for lw in model.weights for w in (lw.norm_w, lw.wq, lw.wo)), model.hidden, start]:
+        for t in [*model.tensors(), start]:
             t.free()
     return {"rows": rows}

@@ -146,7 +146,7 @@ def run(dev: Device, quick: bool) -> dict[str, Any]:
         row["graph_over_eager"] = timed["sg_eager"]["wall"] / timed["sg_graph"]["wall"]
         row |= figure("graph_bandwidth", part(timed["sg_graph"]), scale=cfg.weight_bytes, rate=True)
         rows.append(row)
-        for tensor in [*(w for lw in model.weights for w in (lw.norm_w, lw.wq, lw.wo)), model.hidden]:
+        for tensor in model.tensors():
             tensor.free()
     result: dict[str, Any] = {"d": seed_d, "rows": rows}
     if dev.is_cuda:

@@ -71,7 +71,7 @@ def run(dev: Device, quick: bool) -> dict[str, Any]:
             rows.append(row)
             for g in graphs.values():
                 g.close()
-        for t in [*(w for lw in model.weights for w in (lw.norm_w, lw.wq, lw.wo)), model.hidden, x0]:
+        for t in [*model.tensors(), x0]:
             t.free()
     out["model"] = rows
     return out
