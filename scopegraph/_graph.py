@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, Self, SupportsIndex
 import numpy as np
 
 from ._control import ControlNode
-from ._errors import LifetimeError, NotAGraphNodeError, SignatureError, diagnostic, not_copyable
+from ._errors import LifetimeError, NotAGraphNodeError, ScopeStateError, SignatureError, diagnostic, not_copyable
 from ._lifetime import SHARED_REPLAYS, Pin, order_replay, ordered_already, repin, replay_queued, sharers
 from ._ops import GraphNode
 from ._params import ParamTable
@@ -72,6 +72,8 @@ class CudaGraph:
         # on first use), and the nodes by slot, bodies included, with the DAGs' ancestor sets and
         # edges (scopegraph._update.Structure: a rebind changes ops, not edges; made on first use).
         self.last_update: str | None = None
+        # The open CudaGraph.scope(stream, into=self), whose clean exit replaces the program.
+        self.rerecording: Scope | None = None
         self._params: ParamTable | None = None
         self._structure: Structure | None = None
 
@@ -263,6 +265,14 @@ class CudaGraph:
             exe = self._exec
             if exe is None:
                 raise self._closed_error("rebind")
+            if self.rerecording is not None:
+                raise ScopeStateError(
+                    diagnostic(
+                        f"cannot rebind graph #{self.id} while a scope records into it",
+                        [f"the scope opened at {self.rerecording.opened_at} replaces the graph's program when it ends"],
+                        help="record the new tensors in that scope, or rebind after it ends",
+                    )
+                )
             structure = self._structure_of()
             changes = plan_rebind(self.id, structure, mapping)
             check_rebind(self.id, structure, changes)

@@ -198,16 +198,29 @@ class Scope:
     def __enter__(self) -> Self:
         if self._state is not _State.NEW:
             raise ScopeStateError("this scope was already used\nhelp: open a new one with CudaGraph.scope(stream)")
-        with _opening:  # two threads must not both open a scope on one stream
+        into = self._into
+        with _opening:  # two threads must not both open a scope on one stream (or into one graph)
             outer = self.stream.recording
-            if outer is None:
+            rival = into.rerecording if into is not None else None
+            if outer is None and rival is None:
                 self.stream.recording = self
+                if into is not None:
+                    into.rerecording = self
         if outer is not None:
             raise ScopeStateError(
                 diagnostic(
                     f"cannot open a scope on stream #{self.stream.id}: another scope is recording on it",
                     [f"the open scope was opened at {outer.opened_at}", f"the new one at {self.opened_at}"],
                     help="finish the outer scope first, or record the inner work on another stream",
+                )
+            )
+        if rival is not None:
+            assert into is not None
+            raise ScopeStateError(
+                diagnostic(
+                    f"cannot record into graph #{into.id}: another scope is recording into it",
+                    [f"that scope was opened at {rival.opened_at}", f"this one at {self.opened_at}"],
+                    help="finish that scope first: each recording replaces the graph's whole program",
                 )
             )
         self.thread = get_ident()
@@ -337,6 +350,8 @@ class Scope:
                 return  # the exception in flight says more
             raise not_open("this scope", "with CudaGraph.scope(stream) as s:")
         self.stream.recording = None
+        if self._into is not None:
+            self._into.rerecording = None
         unclosed = end_inner(self, "scope", exc_type)
         if unclosed is not None:
             self._abandon()

@@ -169,6 +169,34 @@ def test_into_refusals(sg_device: sg.Device, sg_stream: sg.Stream) -> None:
     assert_stream_usable(sg_stream)
 
 
+def test_one_recording_into_a_graph_at_a_time(sg_device: sg.Device, sg_stream: sg.Stream) -> None:
+    """Two scopes recording into one graph (on two streams), or a rebind while one records into
+    it: the scope's exit would replace the program either made, so both are refused, and the
+    graph and both streams stay usable."""
+    x, y = sg_device.zeros((N,), name="x"), sg_device.zeros((N,), name="y")
+    other = sg_device.stream()
+    with CudaGraph.scope(sg_stream) as s:
+        s.record(library.add_scalar_op(x.mut(), 1.0))
+    graph = s.graph
+    with CudaGraph.scope(sg_stream, into=graph) as again:
+        again.record(library.add_scalar_op(x.mut(), 2.0))
+        rival = CudaGraph.scope(other, into=graph)
+        with pytest.raises(sg.ScopeStateError, match=rf"cannot record into graph #{graph.id}: another scope"):
+            rival.__enter__()
+        with pytest.raises(sg.ScopeStateError, match=rf"cannot rebind graph #{graph.id} while a scope records"):
+            graph.rebind({x: y})
+    graph.launch()
+    graph.sync()
+    np.testing.assert_array_equal(x.numpy(), 2.0)  # the recording that ran to its end
+    graph.rebind({x: y})  # and once it has ended
+    graph.launch()
+    graph.sync()
+    np.testing.assert_array_equal(y.numpy(), 2.0)
+    graph.close()
+    assert_stream_usable(sg_stream)
+    assert_stream_usable(other)
+
+
 def test_into_a_graph_of_another_device(sg_device: sg.Device, sg_stream: sg.Stream) -> None:
     from scopegraph._driver import cuda_device_count
 
