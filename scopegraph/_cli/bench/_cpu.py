@@ -7,8 +7,8 @@ prebuilt op is shown too: it re-checks liveness, frozen memory and the device, a
 
 Two programs are recorded: 1000 axpy ops over 16 buffers (each tensor touched again and again),
 and the seed model's forward pass (``MODEL``: 1000 ops, 5 a layer: rms_norm, two matvecs, add,
-memcpy), where each layer's weights and activations are tensors of their own, as
-in a real program: most of its borrows are a recording's first touch of a tensor.
+memcpy), whose weights and activations are tensors of their own in each layer, as in a real
+program: most of its borrows are a recording's first touch of a tensor.
 """
 
 from __future__ import annotations
