@@ -452,8 +452,11 @@ class Kernel(Generic[P]):
         self._launchers: dict[object, Launcher[P, str]] = {}
         # The argument binder generated from the declaration on the first launch (_make_binder).
         self._binder: Callable[..., None] | None = None
-        # Instantiations made by generics(), so each one compiles (and is cached) once.
+        # Instantiations made by generics(), so each one compiles (and is cached) once; and the
+        # same by the arguments as given, where they are plain ints and strs (one dict lookup for
+        # the usual call in an op helper, `k.generics(128)`, rather than a conversion to C++ text).
         self._instances: dict[tuple[str, ...], Kernel[P]] = {}
+        self._instances_as_given: dict[tuple[object, ...], Kernel[P]] = {}
         # Every kernel rebuilt() from this one (generics() instances too): a host reference
         # registered later reaches them.
         self._derived: weakref.WeakSet[Kernel[P]] = weakref.WeakSet()
@@ -513,11 +516,20 @@ class Kernel(Generic[P]):
 
     def generics(self, *args: object) -> Kernel[P]:
         """The instantiation of a C++ template kernel with these template arguments."""
+        # Only exact ints and strs key the fast path: True == 1.0 == 1 hash alike, and a bool
+        # instantiates `true`, a float is refused; other kinds may not hash at all.
+        plain = all(type(a) is int or type(a) is str for a in args)
+        if plain:
+            inst = self._instances_as_given.get(args)
+            if inst is not None:
+                return inst
         key = tuple(_template_arg(a) for a in args)
         inst = self._instances.get(key)
         if inst is None:
             _check_template_count(self, len(key))
             inst = self._instances[key] = self.rebuilt(template_args=key)
+        if plain:
+            self._instances_as_given[args] = inst
         return inst
 
     def _touch_element_bytes(self) -> tuple[int | None, ...]:

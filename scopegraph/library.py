@@ -336,16 +336,10 @@ def rms_norm_op(out: Mut[Tensor], x: Tensor, w: Tensor, eps: Scalar) -> KernelLa
     if weights.size < d or (weights.size > d and rows.size):  # (an op of no elements reads none of them)
         raise _size_error("rms_norm_op", "w", weights, d, "the norm's weights, one for each element of a row of `x`")
     block = rms_norm_block(d)
-    kernel = _rms_norm_of_block.get(block)
-    if kernel is None:
-        kernel = _rms_norm_of_block[block] = rms_norm.generics(block)
+    kernel = rms_norm.generics(block)
     if rows.size == 0:  # zero-size ops are no work: one block, rows of no elements
         return kernel[1, block](out, x, w, eps, 0)
     return kernel[rows.size // d, block](out, x, w, eps, d)
-
-
-# rms_norm's instantiations by block (generics() converts its arguments to C++ text on each call).
-_rms_norm_of_block: dict[int, Kernel[Any]] = {}
 
 
 def narrow(k: Kernel[P]) -> Kernel[P]:

@@ -298,7 +298,12 @@ def test_generics_takes_as_many_arguments_as_the_template_declares() -> None:
     def tk(out: Mut[Tensor]) -> None: ...
 
     assert tk.generics(32).template_args == ("32",)
+    assert tk.generics(32) is tk.generics(32) is tk.generics("32")  # one instantiation, however named
     assert tk.generics(np.int64(32), sg.f64).template_args == ("32", "double")
+    # An instantiation looked up by the arguments as given does not answer for equal-hashing ones.
+    assert tk.generics(1).template_args == ("1",) and tk.generics(True).template_args == ("true",)
+    with pytest.raises(SignatureError, match="is neither an integer nor a type"):
+        tk.generics(1.0)
     for args, got in (((), 0), ((1, sg.f32, 3), 3)):
         with pytest.raises(SignatureError, match=rf"template <int BS, typename T = float>: 1 to 2 .*got {got}"):
             tk.generics(*args)
