@@ -86,7 +86,7 @@ class Parser(argparse.ArgumentParser):
 
 
 def build_parser(prog: str) -> Parser:
-    from ._cli.args import device_spec, positive_int
+    from ._cli.args import device_spec, directory, positive_int
 
     parser = Parser(prog=prog, description=DESCRIPTION, epilog=EPILOG, formatter_class=Formatter)
     parser.add_argument(
@@ -145,7 +145,7 @@ def build_parser(prog: str) -> Parser:
     )
     bench.add_argument(
         "--out",
-        type=Path,
+        type=directory,
         default=Path("bench-out"),
         metavar="DIR",
         help="directory for bench.json, bench.txt and plots (default: bench-out)",

@@ -87,7 +87,7 @@ from ._errors import (
     diagnostic,
 )
 from ._ops import GraphNode, borrowed_tensor
-from ._scope import RecordedNode, Scope, _State, not_open
+from ._scope import RecordedNode, Scope, _State, not_open, unentered_in
 from ._tensor import Mut, Tensor
 
 if TYPE_CHECKING:
@@ -686,6 +686,9 @@ class Region:
         self._frees_deferred_by: tuple[CudaBackend, int] | None = None
         self._cupy: Any = None
         self._entered = self._open = False  # entered once; open until its exit
+        # Until entered, the scope's clean exit refuses it (see Scope.unentered).
+        self._waiting = unentered_in(owner)
+        self._waiting[id(self)] = self
 
     @property
     def location(self) -> str:
@@ -694,6 +697,10 @@ class Region:
     @property
     def description(self) -> str:
         return f"captured region `{self.op.label_name}`"
+
+    @property
+    def usage(self) -> str:
+        return "with s.capture(writes=[...], reads=[...]) as region:"
 
     def __repr__(self) -> str:
         return f"<Region `{self.op.label_name}` via {self.via}, {'capturing' if self.capturing else 'not capturing'}>"
@@ -713,6 +720,7 @@ class Region:
 
     def __enter__(self) -> Region:
         owner = self.owner
+        self._waiting.pop(id(self), None)  # tried: whatever happens now, it is not silently dropped
         if self._entered:
             raise ScopeStateError("this captured region was already used\nhelp: open a new one with s.capture(...)")
         if isinstance(owner, Scope):

@@ -78,7 +78,7 @@ from ._kernel import KernelLaunch, kernel
 from ._ops import GraphNode, Join, Memcpy, Memset, RecordedOnce
 from ._params import note_params
 from ._pdl import NONE, EdgeKinds
-from ._scope import RecordedNode, Scope, _not_a_graph_node, _State, end_inner, not_open
+from ._scope import RecordedNode, Scope, _not_a_graph_node, _State, end_inner, not_open, unentered_in
 from ._stream import check_runnable
 from ._tensor import Mut, Tensor
 from ._tracker import ORDERS
@@ -321,6 +321,9 @@ class Block(Generic[T_co]):
         # Where the root scope stood when the block opened: its pins, and how many parameter names
         # it knew (see _roll_back).
         self._mark: tuple[Scope, tuple[int, int], int] | None = None
+        # Until entered, the scope's clean exit refuses it (see Scope.unentered).
+        self._waiting = unentered_in(owner)
+        self._waiting[id(self)] = self
 
     @property
     def location(self) -> str:
@@ -329,6 +332,14 @@ class Block(Generic[T_co]):
     @property
     def description(self) -> str:
         return "loop" if self.kind == "while" else "branch"
+
+    @property
+    def usage(self) -> str:
+        return {
+            "while": "with s.while_(flag) as body:",
+            "if": "with s.if_(flag) as then:",
+            "if_else": "with s.if_else(flag) as (then, otherwise):",
+        }[self.kind]
 
     def busy(self, what: str) -> ScopeStateError:
         label = self.description
@@ -343,6 +354,7 @@ class Block(Generic[T_co]):
 
     def __enter__(self) -> T_co:
         owner = self.owner
+        self._waiting.pop(id(self), None)  # tried: whatever happens now, it is not silently dropped
         if self._entered:
             raise ScopeStateError(
                 "this loop or branch block was already used\nhelp: open a new one with s.while_(flag) or s.if_(flag)"

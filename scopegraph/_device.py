@@ -88,15 +88,18 @@ class Device:
         except MemoryError:
             # The host backend's numpy allocation: reported as the CUDA backend reports a failed
             # allocation (a CudaError with the driver's out-of-memory result).
-            raise CudaError(
-                f"allocating {nbytes} bytes on {self}",
-                "CUDA_ERROR_OUT_OF_MEMORY",
-                diagnostic(
-                    f"the {self} backend could not allocate {nbytes} bytes for a tensor of shape {dims} ({dt.name})",
-                    help="allocate less (check the shape), or free tensors the program no longer needs",
-                ),
-            ) from None
+            raise self._out_of_memory(nbytes, f"the {self} backend", f"a tensor of shape {dims} ({dt.name})") from None
         return Tensor(self.adopt(storage, address, nbytes, name, borrowed=False), 0, dims, dt)
+
+    def _out_of_memory(self, nbytes: int, who: str, what: str) -> CudaError:
+        return CudaError(
+            f"allocating {nbytes} bytes on {self}",
+            "CUDA_ERROR_OUT_OF_MEMORY",
+            diagnostic(
+                f"{who} could not allocate {nbytes} bytes for {what}",
+                help="allocate less (check the shape), or free tensors the program no longer needs",
+            ),
+        )
 
     def adopt(self, storage: object, address: int, nbytes: int, name: str | None, borrowed: bool) -> Allocation:
         """An Allocation for memory at ``address`` (owned, or borrowed from another library),
@@ -139,8 +142,16 @@ class Device:
                 f"dev.from_numpy() takes a numpy array, not {type(array).__name__}\n"
                 "help: convert with numpy.asarray(...) first, or wrap a GPU array with sg.Tensor.from_dlpack"
             )
-        arr = np.ascontiguousarray(array).reshape(array.shape)  # ascontiguousarray makes 0-d arrays 1-d
-        tensor = self.empty(arr.shape, arr.dtype, name)
+        # The tensor first: its dtype, and memory the device lacks (a broadcast view may stand for
+        # terabytes), are refused before any host copy.
+        tensor = self.empty(array.shape, array.dtype, name)
+        try:
+            arr = np.ascontiguousarray(array).reshape(array.shape)  # ascontiguousarray makes 0-d arrays 1-d
+        except MemoryError:
+            tensor.free()
+            raise self._out_of_memory(
+                tensor.nbytes, "the host", f"a contiguous copy of the array to copy from (shape {array.shape})"
+            ) from None
         self.backend.write(tensor, arr, stream)
         return tensor
 

@@ -128,7 +128,7 @@ class PdlWaitError(CompileError):
     Below sm_90 the check does not run (no edge is programmatic there). ``kernel_name`` and
     ``arch`` say which compilation was refused."""
 
-    def __init__(self, kernel_name: str, arch: str, notes: Iterable[str] = ()) -> None:
+    def __init__(self, kernel_name: str, arch: str, notes: Iterable[str] = (), found: str | None = None) -> None:
         self.kernel_name = kernel_name
         self.arch = arch
         self.log = f"no griddepcontrol.wait reachable from the entry point of `{kernel_name}` ({arch})"
@@ -136,7 +136,7 @@ class PdlWaitError(CompileError):
             self,
             diagnostic(
                 f"kernel `{kernel_name}` is declared pdl=True but never waits for its predecessors "
-                f"(compiled for {arch}, its code has no griddepcontrol.wait)",
+                f"({found or f'compiled for {arch}, its code has no griddepcontrol.wait'})",
                 [
                     "a programmatic edge starts it while its predecessors still run: "
                     "without the wait it would read their outputs before they are written",

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Generic, ParamSpec, TypeVar, g
 import numpy as np
 
 from ._borrow import Borrow
-from ._compile import check_options, code_only
+from ._compile import check_options, code_only, may_wait
 from ._dtypes import DType, as_dtype, dtype_of_annotation
 from ._errors import SignatureError, diagnostic
 from ._ops import GraphNode, borrowed_tensor
@@ -430,6 +430,9 @@ class Kernel(Generic[P]):
         # (griddepcontrol.wait) before it touches its predecessors' results; before the wait it
         # only reads the read-only parameters named in reads_before_wait (weights).
         self.pdl = pdl
+        # False for a pdl=True kernel whose text shows it never waits: the host backend refuses it
+        # as compiling it for sm_90 would (see may_wait).
+        self.may_wait = not pdl or may_wait(source, options)
         self.reads_before_wait = _check_pdl(
             pdl,
             (reads_before_wait,) if isinstance(reads_before_wait, str) else tuple(reads_before_wait),

@@ -417,6 +417,6 @@ def from_numpy(array: np.ndarray[Any, Any], name: str | None = None) -> Allocati
                 help="copy a scopegraph tensor with sg.dup(t); convert anything else with numpy.asarray(...) first",
             )
         )
-    # ascontiguousarray makes a 0-d array 1-d: the reshape keeps its shape ().
-    arr = np.ascontiguousarray(array).reshape(array.shape)
-    return AllocationOp("from_numpy", arr.shape, as_dtype(arr.dtype), source=arr, name=name)
+    # The array itself: Device.from_numpy copies it when the op runs (refusing memory the device
+    # lacks before it makes a contiguous copy).
+    return AllocationOp("from_numpy", array.shape, as_dtype(array.dtype), source=array, name=name)

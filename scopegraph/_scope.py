@@ -185,6 +185,9 @@ class Scope:
         self._params: dict[str, Param[Any]] = {}
         # The loop or branch block open in this scope, if any (see _control): record is refused meanwhile.
         self._inner: Block[object] | Region | None = None
+        # The loop, branch and capture blocks made in this scope or its bodies and not entered yet,
+        # by id: a clean exit refuses them (a block never entered records nothing, silently).
+        self.unentered: dict[int, Block[object] | Region] = {}
         # The thread that opened the scope, the only one that may record into it: the tracker's
         # state is not guarded against two threads recording at once (edges would go missing).
         self.thread = 0
@@ -359,6 +362,10 @@ class Scope:
         if exc_type is not None:
             self._abandon()
             return
+        if self.unentered:
+            block = next(iter(self.unentered.values()))
+            self._abandon()
+            raise _never_entered(block)
         try:
             for check in finishing:  # before anything is built (see ``finishing``)
                 check(self._nodes)
@@ -380,10 +387,29 @@ class Scope:
 
     def _abandon(self) -> None:
         self._pin.release()
+        self.unentered = {}
         self._nodes = []
         self._tracker = None
         self._edge_kinds.clear()
         self._state = _State.FAILED
+
+
+def unentered_in(owner: Scope | Body) -> dict[int, Block[object] | Region]:
+    """Where a block made in ``owner`` (the scope, or one of its loop and branch bodies) waits to be
+    entered (``Scope.unentered``); a body that has ended gives a dict of its own, which no scope reads
+    (entering such a block is refused)."""
+    root = owner if isinstance(owner, Scope) else owner._root
+    return root.unentered if root is not None else {}
+
+
+def _never_entered(block: Block[object] | Region) -> ScopeStateError:
+    return ScopeStateError(
+        diagnostic(
+            f"the {block.description} made at {block.location} was never entered, so nothing of it was recorded",
+            ["a loop, branch or captured region records its work when its `with` block ends"],
+            help=f"use it as a `with` block: `{block.usage}`",
+        )
+    )
 
 
 def not_open(what: str, usage: str) -> ScopeStateError:

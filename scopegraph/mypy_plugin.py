@@ -30,8 +30,10 @@ and ``body.capture(...)``. Notes name each argument as written (``argument 2``, 
 "src"``, ``writes[0]``), and every place in conflict gets its own error.
 
 A place is a name (``x``), an attribute path (``layer.w``, ``self.bufs.norm``) or a subscript by
-a literal (``bufs[0]``, ``bufs[-1]``, ``cache["k"]``); a mutable borrow is ``place.mut()`` or
-``sg.mut(place)``. Different places (``l.a`` and ``l.b``, ``bufs[0]`` and ``bufs[1]``) pass.
+a literal or a name (``bufs[0]``, ``bufs[-1]``, ``cache["k"]``, ``layers[i]``), a slice among them
+(``x[0:4]``, ``x[i:n]``); a mutable borrow is ``place.mut()`` or ``sg.mut(place)``. Different
+places (``l.a`` and ``l.b``, ``bufs[0]`` and ``bufs[1]``, ``bufs[i]`` and ``bufs[j]``) pass. A
+call that assigns a name among its arguments (``:=``) has no places subscripted by a name.
 The error code ``scopegraph-borrow`` can be silenced per line like any other
 (``# type: ignore[scopegraph-borrow]``).
 
@@ -49,9 +51,10 @@ True)``).
 What it cannot see
 ------------------
 Aliases made by assignment (``z = y; add(y.mut(), z, ...)``), overlapping views
-(``x[0:4].mut()`` with ``x[2:6]``, or the same slice twice), subscripts by anything but a literal
-(``layers[i].mut()`` with ``layers[i]``), one element written two ways (``bufs[-1]`` and
-``bufs[1]`` of a two-element list), a callable that no name reaches (``ops["copy"](...)``,
+(``x[0:4].mut()`` with ``x[2:6]``, or with ``x``), subscripts by anything but a literal or a name
+(``layers[i + 1]``, ``layers[self.i]``), names of one value (``layers[i]`` and ``layers[j]`` where
+``i == j``), one element written two ways (``bufs[-1]`` and ``bufs[1]`` of a two-element list), a
+callable that no name reaches (``ops["copy"](...)``,
 ``factory()(...)``, a property that returns a function), and anything computed at run time. The
 runtime tracker checks the actual byte ranges of every op when it is built, so those still fail,
 with a BorrowError at the line that builds the op. The two checks are complementary: the plugin finds the common
@@ -71,17 +74,22 @@ from mypy.errorcodes import ARG_TYPE, ErrorCode
 from mypy.nodes import (
     ARG_NAMED,
     ARG_POS,
+    AssignmentExpr,
     CallExpr,
     Decorator,
     Expression,
+    FloatExpr,
     FuncDef,
     IndexExpr,
     IntExpr,
     ListExpr,
     MemberExpr,
     NameExpr,
+    OpExpr,
     OverloadedFuncDef,
     RefExpr,
+    SliceExpr,
+    StarExpr,
     StrExpr,
     TupleExpr,
     TypeInfo,
@@ -122,42 +130,88 @@ _SCALARS = ("builtins.float", "builtins.int", "builtins.bool")
 _UNNAMED_LAUNCH = "kernel launch"
 
 
-def place_of(expr: Expression, quoted: bool = False) -> str | None:
-    """``x``, ``a.b.c``, ``xs[0]``, ``xs[-1]`` or ``d["k"]`` as text; None for anything that is not a
-    place. A string key is in double quotes, as formatters write code, unless the text goes inside
-    mypy's own double quotes (``quoted``): there ``d['k']``."""
+def place_of(expr: Expression, quoted: bool = False, by_name: bool = True) -> str | None:
+    """``x``, ``a.b.c``, ``xs[0]``, ``xs[-1]``, ``d["k"]``, ``xs[i]`` or ``x[0:n]`` as text; None
+    for anything that is not a place. A string key is in double quotes, as formatters write code,
+    unless the text goes inside mypy's own double quotes (``quoted``): there ``d['k']``. Subscripts
+    by a name (``xs[i]``, ``x[i:n]``) count only ``by_name``: among the arguments of one call a
+    name holds one value, unless one of them assigns it (``:=``)."""
     if isinstance(expr, NameExpr):
         return expr.name
     if isinstance(expr, MemberExpr):
-        base = place_of(expr.expr, quoted)
+        base = place_of(expr.expr, quoted, by_name)
         return None if base is None else f"{base}.{expr.name}"
     if isinstance(expr, IndexExpr):
         index = expr.index
-        if isinstance(index, UnaryExpr) and index.op == "-" and isinstance(index.expr, IntExpr):
-            key = str(-index.expr.value)  # bufs[-1]: a literal too, as Python writes it
-        elif isinstance(index, IntExpr):
-            key = str(index.value)
-        elif isinstance(index, StrExpr):
-            key = repr(index.value) if quoted else json.dumps(index.value, ensure_ascii=False)
+        if isinstance(index, StrExpr):
+            key: str | None = repr(index.value) if quoted else json.dumps(index.value, ensure_ascii=False)
+        elif isinstance(index, SliceExpr):
+            key = _slice_text(index, by_name)
         else:
-            return None
-        base = place_of(expr.base, quoted)
+            key = _subscript(index, by_name)
+        base = None if key is None else place_of(expr.base, quoted, by_name)
         return None if base is None else f"{base}[{key}]"
     return None
 
 
-def borrow_of(expr: Expression) -> tuple[str, bool] | None:
+def _subscript(index: Expression, by_name: bool) -> str | None:
+    """An int literal (``-1`` as Python writes it) or, ``by_name``, a name as text; else None."""
+    if isinstance(index, IntExpr):
+        return str(index.value)
+    if isinstance(index, UnaryExpr) and index.op == "-" and isinstance(index.expr, IntExpr):
+        return str(-index.expr.value)
+    if by_name and isinstance(index, NameExpr):
+        return index.name
+    return None
+
+
+def _slice_text(index: SliceExpr, by_name: bool) -> str | None:
+    """``0:n`` or ``::2`` as written, when each bound given is one a subscript may be; else None."""
+    texts: list[str] = []
+    for bound in (index.begin_index, index.end_index, *([index.stride] if index.stride is not None else [])):
+        text = "" if bound is None else _subscript(bound, by_name)
+        if text is None:
+            return None
+        texts.append(text)
+    return ":".join(texts)
+
+
+def _may_assign(expr: Expression) -> bool:
+    """Whether ``expr`` may assign a name (``:=``). Only the forms a call's arguments commonly take
+    are looked into; any other (a comprehension, a lambda) counts as one that may."""
+    if isinstance(expr, (NameExpr, IntExpr, StrExpr, FloatExpr)):
+        return False
+    if isinstance(expr, AssignmentExpr):
+        return True
+    if isinstance(expr, CallExpr):
+        return _may_assign(expr.callee) or any(map(_may_assign, expr.args))
+    if isinstance(expr, MemberExpr):
+        return _may_assign(expr.expr)
+    if isinstance(expr, IndexExpr):
+        return _may_assign(expr.base) or _may_assign(expr.index)
+    if isinstance(expr, SliceExpr):
+        return any(_may_assign(e) for e in (expr.begin_index, expr.end_index, expr.stride) if e is not None)
+    if isinstance(expr, (UnaryExpr, StarExpr)):
+        return _may_assign(expr.expr)
+    if isinstance(expr, OpExpr):
+        return _may_assign(expr.left) or _may_assign(expr.right)
+    if isinstance(expr, (ListExpr, TupleExpr)):
+        return any(map(_may_assign, expr.items))
+    return True
+
+
+def borrow_of(expr: Expression, by_name: bool = True) -> tuple[str, bool] | None:
     """(place, is_mutable) for an argument expression that borrows a place, else None."""
     if isinstance(expr, CallExpr):
         callee = expr.callee
         if isinstance(callee, MemberExpr) and callee.name == "mut" and not expr.args:
-            place = place_of(callee.expr)
+            place = place_of(callee.expr, by_name=by_name)
             return None if place is None else (place, True)
         if isinstance(callee, RefExpr) and callee.fullname in _MUT_FUNCTIONS and len(expr.args) == 1:
-            place = place_of(expr.args[0])
+            place = place_of(expr.args[0], by_name=by_name)
             return None if place is None else (place, True)
         return None
-    place = place_of(expr)
+    place = place_of(expr, by_name=by_name)
     return None if place is None else (place, False)
 
 
@@ -237,8 +291,9 @@ def report_conflicts(ctx: FunctionContext | MethodContext, arguments: list[tuple
     """One error for each place borrowed mutably and borrowed again among ``arguments`` (label, expression)."""
     seen: dict[str, tuple[bool, str, Expression]] = {}
     reported: set[str] = set()
+    by_name = not any(_may_assign(arg) for _, arg in arguments)
     for label, arg in arguments:
-        borrow = borrow_of(arg)
+        borrow = borrow_of(arg, by_name)
         if borrow is None:
             continue
         place, mutable = borrow

@@ -357,6 +357,52 @@ def test_a_failed_host_allocation_is_an_out_of_memory_cuda_error(monkeypatch: py
     assert_stream_usable(stream)
 
 
+def test_from_numpy_of_a_huge_broadcast_view_is_an_out_of_memory_cuda_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A broadcast view of one element can stand for terabytes: ``dev.from_numpy`` and
+    ``sg.from_numpy`` made it contiguous first, and numpy's MemoryError escaped. The tensor is now
+    allocated first (refused as ``dev.zeros`` is); a host copy that fails after it frees the tensor
+    and is refused the same way."""
+    dev = sg.device("host")
+    stream = dev.stream()
+    huge = np.broadcast_to(np.float32(1), (2**40,))
+
+    def no_memory(nbytes: int) -> tuple[object, int]:
+        raise MemoryError(f"Unable to allocate {nbytes} bytes")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(dev.backend, "allocate", no_memory)
+        makers: list[Callable[[], object]] = [lambda: dev.from_numpy(huge), lambda: stream.run(sg.from_numpy(huge))]
+        for make in makers:
+            with pytest.raises(sg.CudaError) as refused:
+                make()
+            assert refused.value.result == "CUDA_ERROR_OUT_OF_MEMORY" and "\nhelp: " in str(refused.value)
+    # The device has room (a small view stands in), the host copy does not: the tensor goes again.
+    small = np.broadcast_to(np.float32(2), (3, 4))
+    freed: list[sg.Tensor] = []
+    real_empty, real_copy = dev.empty, np.ascontiguousarray
+
+    def noting_empty(*args: Any, **kwargs: Any) -> sg.Tensor:
+        freed.append(real_empty(*args, **kwargs))
+        return freed[-1]
+
+    def no_host_memory(array: Any, *args: Any, **kwargs: Any) -> Any:
+        if array is small:
+            raise MemoryError("Unable to allocate")
+        return real_copy(array, *args, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(dev, "empty", noting_empty)
+        patch.setattr(np, "ascontiguousarray", no_host_memory)
+        with pytest.raises(sg.CudaError, match="contiguous copy") as refused:
+            dev.from_numpy(small)
+        assert refused.value.result == "CUDA_ERROR_OUT_OF_MEMORY"
+    assert len(freed) == 1
+    with pytest.raises(sg.LifetimeError):
+        freed[0].numpy()  # freed: nothing leaked
+    assert_stream_usable(stream)
+    assert dev.from_numpy(small).numpy().tolist() == [[2.0] * 4] * 3
+
+
 def test_bools_are_refused_as_sizes_and_row_indices() -> None:
     """Grids, max_iterations and sg.Param refuse bools; shapes, views and row indices took True as 1
     (``x[True]`` was row 1, where numpy reads a mask)."""

@@ -108,6 +108,7 @@ REFUSED = [
     (["bench", "--device", "gpu"], "argument --device: expected host, cuda or cuda:N, got 'gpu'"),
     (["demo", "--device", "cuda:64"], "argument --device: selecting device 'cuda:64' failed"),
     (["bench", "--only", "nothing"], "argument --only: invalid choice: 'nothing'"),
+    (["bench", "--out", ""], "argument --out: expected a directory, got an empty name (use . for this one)"),
     ([], "the following arguments are required: COMMAND"),
     # An unknown option is named, by the command it follows, before a missing command is.
     (["--bogus"], "python -m scopegraph: error: unrecognized arguments: --bogus"),

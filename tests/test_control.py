@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -597,12 +598,47 @@ def test_a_closed_body_and_a_finished_scope_refuse_records(sg_device: sg.Device,
             pass
         with pytest.raises(sg.ScopeStateError, match="this loop or branch block was already used"), used:
             pass
-        block = s.if_(flag)
+    block = s.if_(flag)
     with pytest.raises(sg.ScopeStateError, match="cannot open a loop or branch in a scope that is finished"), block:
         pass
     with pytest.raises(sg.ScopeStateError, match="not open yet"), CudaGraph.scope(sg_stream).while_(flag):
         pass
     assert_stream_usable(sg_stream)
+
+
+def test_a_block_never_entered_is_refused_when_the_scope_ends(sg_device: sg.Device, sg_stream: sg.Stream) -> None:
+    """``s.while_(flag)`` (or ``s.if_``, ``s.if_else``, ``s.capture``, in the scope or a body)
+    without ``with`` recorded nothing, and the scope built a graph without it: its clean exit now
+    refuses the block, naming where it was made. A block whose entry was refused counts as tried."""
+    flag, x = sg_device.zeros((1,), sg.i32, name="flag"), sg_device.zeros((4,), name="x")
+    makers: list[tuple[Callable[[Any], object], str]] = [
+        (lambda s: s.while_(flag, max_iterations=3), r"the loop made at .*:\d+ was never entered"),
+        (lambda s: s.if_(flag), r"with s\.if_\(flag\) as then:"),
+        (lambda s: s.if_else(flag), r"with s\.if_else\(flag\) as \(then, otherwise\):"),
+        (lambda s: s.capture(writes=[x.mut()], host=lambda x: None, name="forgot"), "captured region `forgot`"),
+    ]
+    for make, match in makers:
+        with pytest.raises(sg.ScopeStateError, match=match), CudaGraph.scope(sg_stream) as s:
+            s.record(library.add_scalar_op(x.mut(), 1.0))
+            make(s)
+        assert_stream_usable(sg_stream)
+        x.free()  # nothing pinned it
+        x = sg_device.zeros((4,), name="x")
+    with (
+        pytest.raises(sg.ScopeStateError, match="the branch made at"),
+        CudaGraph.scope(sg_stream) as s,
+        s.while_(flag, max_iterations=1) as body,
+    ):
+        body.if_(flag)
+    with CudaGraph.scope(sg_stream) as s:
+        refused = s.if_(flag)
+        with s.while_(flag, max_iterations=1), pytest.raises(sg.ScopeStateError, match="is recording"), refused:
+            pass  # the scope is busy with the loop
+        later = s.if_(flag)  # made first, entered later in the scope: fine
+        s.record(library.add_scalar_op(x.mut(), 1.0))
+        with later as then:
+            then.record(library.add_scalar_op(x.mut(), 1.0))
+    assert len(s.graph.nodes) == 3
 
 
 @pytest.mark.parametrize(

@@ -15,6 +15,8 @@ from scopegraph import CudaGraph, Mut, Tensor, library
 from scopegraph._cli.bench._chain import Chain
 from scopegraph._cli.seed_model import FORMS, Config, LayerStack, reference_forward, relative_error
 
+from .helpers import assert_stream_usable
+
 NDArray = np.ndarray[Any, np.dtype[Any]]
 
 # -- helper kernels ----------------------------------------------------------------------------
@@ -242,6 +244,54 @@ def test_the_host_backend_builds_no_programmatic_edges() -> None:
     assert node.programmatic == {0}  # recorded: it would be programmatic on an sm_90 GPU
     with s.graph as g:
         assert g.programmatic_edges == [] and "dashed" not in g.to_dot()
+
+
+def test_the_host_backend_refuses_a_pdl_kernel_whose_source_never_waits() -> None:
+    """A pdl=True kernel is a PdlWaitError when compiled for sm_90 if it never waits; the host
+    backend compiles nothing, so it recorded such a kernel (with a programmatic edge) and ran it.
+    It now refuses one whose text cannot wait: neither the instruction nor
+    cudaGridDependencySynchronize anywhere in its source or options, and nothing included."""
+    body = "int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) out[i] = 1.f;"
+    never = f'extern "C" __global__ void k(float* out, int n) {{ {body} }}'
+
+    def declare(source: str, **options: object) -> sg.Kernel[Any]:
+        @sg.kernel(source, name="k", touches={"out": "n"}, pdl=True, options=options)
+        def k(out: Mut[Tensor], n: sg.i32) -> None: ...
+
+        @k.host
+        def _k(out: NDArray, n: int) -> None:
+            out[:n] = 1.0
+
+        return k
+
+    dev = sg.device("host")
+    stream = dev.stream()
+    x, out = dev.zeros((8,), name="x"), dev.zeros((8,), name="out")
+    forgets = declare(never)
+    with (
+        pytest.raises(sg.PdlWaitError, match=r"never waits.*its source has neither") as refused,
+        CudaGraph.scope(stream) as s,
+    ):
+        s.record(library.fill_op(x.mut(), 1.0))
+        s.record(forgets[1, 32](out.mut(), 8))
+    assert refused.value.kernel_name == "k" and "\nhelp: " in str(refused.value)
+    with pytest.raises(sg.PdlWaitError):
+        stream.run(forgets[1, 32](out.mut(), 8))
+    assert_stream_usable(stream)
+    out.free()  # the refused scope pinned nothing
+    out = dev.zeros((8,), name="out")
+    wait = 'asm volatile("griddepcontrol.wait;" ::: "memory");'
+    for accepted in (
+        declare(never.replace(body, wait + body)),
+        declare(never.replace(body, "cudaGridDependencySynchronize(); " + body)),
+        declare(never.replace(body, "WAIT; " + body), define_macro=("WAIT", wait)),
+        declare("#include <pdl.h>\n" + never),  # the header may wait: the GPU's check decides
+        sg.kernel(never, name="k", touches={"out": "n"})(forgets.__wrapped__),  # no pdl=True: no wait needed
+    ):
+        if accepted.host_fn is None:
+            accepted.host(forgets.host_fn)  # type: ignore[arg-type]
+        stream.run(accepted[1, 32](out.mut(), 8))
+        assert out.numpy().tolist() == [1.0] * 8
 
 
 # -- the declaration ---------------------------------------------------------------------------

@@ -30,7 +30,7 @@ import numpy as np
 from .._allocation import Export
 from .._capture import Captured
 from .._control import Body, ControlNode, While, levels
-from .._errors import BorrowError, BoundsError, NoHostReferenceError, diagnostic
+from .._errors import BorrowError, BoundsError, NoHostReferenceError, PdlWaitError, diagnostic
 from .._kernel import KernelLaunch
 from .._ops import GraphNode, Memcpy, Memset, unknown_kind
 from .._tensor import Tensor
@@ -413,6 +413,13 @@ class HostBackend:
                         [f"declared as {op.kernel!r}"],
                         help=f"add a numpy reference with @{op.kernel.__name__}.host, or run on a CUDA device",
                     )
+                )
+            if not op.kernel.may_wait:  # what an sm_90 GPU refuses, the host refuses too
+                raise PdlWaitError(
+                    op.kernel.name_expression,
+                    "host",
+                    found="its source has neither griddepcontrol.wait nor cudaGridDependencySynchronize() "
+                    "and includes nothing that could: compiled for sm_90 or later it is refused the same way",
                 )
         elif not op.built_in:  # off the hot path: kernel launches are scopegraph's own kind
             raise unknown_kind(op)

@@ -29,6 +29,13 @@ def positive_int(text: str) -> int:
     return value
 
 
+def directory(text: str) -> Path:
+    """A directory to write into, named (an empty name, which Path reads as ".", names none)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a directory, got an empty name (use . for this one)")
+    return Path(text)
+
+
 def parse_command_line(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
     """``parser.parse_args(argv)`` for a parser whose commands are optional subparsers (``dest="command"``,
     each with ``parser=`` set to itself): an option nobody knows is named first, by the command it

@@ -51,6 +51,11 @@ with CudaGraph.scope(stream) as s:
     s.record(library.axpy[1, 16](layer.w.mut(), layer.w, 1.0, 16))  # E: scopegraph-borrow
     s.record(library.axpy[1, 16](bufs[0].mut(), bufs[0], 1.0, 16))  # E: scopegraph-borrow
     s.record(library.axpy[1, 16](by_name["y"].mut(), by_name["y"], 1.0, 16))  # E: scopegraph-borrow
+    for i in range(2):
+        s.record(library.axpy[1, 16](bufs[i].mut(), bufs[i], 1.0, 16))  # E: scopegraph-borrow
+        s.record(sg.memcpy(x[i : i + 8].mut(), y))
+        s.record(sg.memcpy(x[0:8].mut(), x[0:8]))  # E: scopegraph-borrow
+        s.record(library.axpy[1, 8](x[i:16].mut(), x[i:16], 1.0, 8))  # E: scopegraph-borrow
     s.record(sg.memcpy(x.mut(), x))  # E: scopegraph-borrow
     s.record(sg.memcpy(sg.mut(y), y))  # E: scopegraph-borrow
     s.record(swap[1, 1](x.mut(), x.mut()))  # E: scopegraph-borrow

@@ -25,11 +25,21 @@ layer = Layer(dev.zeros((16,)), dev.zeros((16,)))
 def swap(a: Mut[Tensor], b: Mut[Tensor]) -> None: ...
 
 
+@sg.kernel("")
+def shifted(a: Mut[Tensor], step: sg.i32, b: Tensor) -> None: ...
+
+
 with CudaGraph.scope(stream) as s:
     s.record(library.add[1, 16](y.mut(), x, x, 16))  # two shared borrows of one place
     s.record(library.axpy[1, 16](layer.a.mut(), layer.b, 1.0, 16))
     s.record(library.axpy[1, 16](bufs[0].mut(), bufs[1], 1.0, 16))
     s.record(swap[1, 1](bufs[0].mut(), bufs[1].mut()))
+    for i in range(1):
+        j = i + 1
+        s.record(swap[1, 1](bufs[i].mut(), bufs[j].mut()))  # different names: the tracker decides
+        s.record(sg.memcpy(x[0:8].mut(), x[8:16]))  # different slices (overlap is the tracker's)
+        # A name assigned among the arguments may differ between them: no place (the tracker decides).
+        s.record(shifted[1, 1](bufs[i].mut(), (i := i + 1), bufs[i]))
     s.record(sg.memcpy(x.mut(), y))
     s.record(sg.memset(y.mut(), 0.0))
     s.record(library.axpy[1, 16](out=x.mut(), x=y, a=2, n=16))  # an int where f32 is declared is fine
