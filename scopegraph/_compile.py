@@ -303,22 +303,26 @@ _NOT_CODE = re.compile(r"//[^\n]*|/\*.*?\*/|\"(?:\\.|[^\"\\\n])*\"|'(?:\\.|[^'\\
 _PREPROCESSOR = re.compile(r"^[ \t]*#[^\n]*", re.M)
 
 
-@functools.lru_cache(maxsize=16)
 def may_wait(source: str, options: tuple[tuple[str, object], ...]) -> bool:
     """Whether a kernel compiled from ``source`` with ``options`` may execute
-    ``griddepcontrol.wait``, as far as the text shows: False only when neither the instruction nor
-    ``cudaGridDependencySynchronize`` appears in the source or the options (a macro's value) and
-    the source includes nothing (a header may wait). The host backend, which compiles nothing,
-    refuses a ``pdl=True`` kernel of which this is False; on sm_90+ the PTX check is exact."""
+    ``griddepcontrol.wait``, as far as the text shows: False only when the source and the options
+    (a macro's value) name neither ``cudaGridDependencySynchronize`` nor a ``griddepcontrol``
+    instruction other than ``launch_dependents`` (the wait may be spelled in pieces, as
+    ``"griddepcontrol" ".wait;"`` or through a stringizing macro) and the source includes nothing
+    (a header may wait). The host backend, which compiles nothing, refuses a ``pdl=True`` kernel
+    of which this is False; on sm_90+ the PTX check is exact."""
     text = source + repr(options)
     return (
-        "griddepcontrol.wait" in text
-        or "cudaGridDependencySynchronize" in text
+        _A_WAIT.search(text) is not None
         or _AN_INCLUDE.search(source) is not None
         or "include" in repr(options)  # a header put before the source (pre_include)
     )
 
 
+_A_WAIT = re.compile(r"cudaGridDependencySynchronize|griddepcontrol(?!\.launch_dependents)")
+
+
+@functools.lru_cache(maxsize=16)
 def code_only(source: str) -> str:
     """``source`` without comments, string and character literals, and preprocessor lines."""
     return _PREPROCESSOR.sub(" ", _NOT_CODE.sub(" ", source))

@@ -78,7 +78,16 @@ from ._kernel import KernelLaunch, kernel
 from ._ops import GraphNode, Join, Memcpy, Memset, RecordedOnce
 from ._params import note_params
 from ._pdl import NONE, EdgeKinds
-from ._scope import RecordedNode, Scope, _not_a_graph_node, _State, end_inner, not_open, unentered_in
+from ._scope import (
+    RecordedNode,
+    Scope,
+    _not_a_graph_node,
+    _State,
+    end_inner,
+    never_entered,
+    not_open,
+    unentered_in,
+)
 from ._stream import check_runnable
 from ._tensor import Mut, Tensor
 from ._tracker import ORDERS
@@ -153,6 +162,9 @@ class Body:
         self._tracker = ORDERS[root.order](self._add_join)
         self._open = True
         self._inner: Block[object] | Region | None = None
+        # Blocks made in this body and not entered yet (see Scope.unentered): the clean exit of the
+        # block that holds the body refuses them; one that raises drops them with the body.
+        self.unentered: dict[int, Block[object] | Region] = {}
         # The body nodes the end-of-iteration condition kernel waits for (the last writers of
         # `flag`), set when a loop body closes.
         self.condition_deps: frozenset[int] = frozenset()
@@ -409,6 +421,10 @@ class Block(Generic[T_co]):
             # escapes), and the graph pins nothing of it.
             self._roll_back()
             return
+        for body in self.bodies:
+            if body.unentered:
+                self._roll_back()
+                raise never_entered(next(iter(body.unentered.values())))
         try:
             self._record()
         except BaseException:

@@ -408,7 +408,8 @@ def dup(tensor: Tensor, name: str | None = None) -> AllocationOp:
 
 
 def from_numpy(array: np.ndarray[Any, Any], name: str | None = None) -> AllocationOp:
-    """An allocation op: a new tensor holding a copy of ``array``. Run with ``stream.run``."""
+    """An allocation op: a new tensor holding a copy of ``array`` as it is when the op runs (with
+    ``stream.run``)."""
     check_name(name, "sg.from_numpy()")
     if not isinstance(array, np.ndarray):
         raise SignatureError(

@@ -185,8 +185,9 @@ class Scope:
         self._params: dict[str, Param[Any]] = {}
         # The loop or branch block open in this scope, if any (see _control): record is refused meanwhile.
         self._inner: Block[object] | Region | None = None
-        # The loop, branch and capture blocks made in this scope or its bodies and not entered yet,
-        # by id: a clean exit refuses them (a block never entered records nothing, silently).
+        # The loop, branch and capture blocks made in this scope (not in its bodies, which keep their
+        # own) and not entered yet, by id: a clean exit refuses them (a block never entered records
+        # nothing, silently).
         self.unentered: dict[int, Block[object] | Region] = {}
         # The thread that opened the scope, the only one that may record into it: the tracker's
         # state is not guarded against two threads recording at once (edges would go missing).
@@ -365,7 +366,7 @@ class Scope:
         if self.unentered:
             block = next(iter(self.unentered.values()))
             self._abandon()
-            raise _never_entered(block)
+            raise never_entered(block)
         try:
             for check in finishing:  # before anything is built (see ``finishing``)
                 check(self._nodes)
@@ -395,14 +396,16 @@ class Scope:
 
 
 def unentered_in(owner: Scope | Body) -> dict[int, Block[object] | Region]:
-    """Where a block made in ``owner`` (the scope, or one of its loop and branch bodies) waits to be
-    entered (``Scope.unentered``); a body that has ended gives a dict of its own, which no scope reads
+    """Where a block made in ``owner`` (a scope, or a loop or branch body) waits to be entered: the
+    owner's ``unentered``, which its clean end checks (the scope's exit, the loop's or branch's
+    block's). An owner that is not open gives a dict of its own, which nothing reads or keeps
     (entering such a block is refused)."""
-    root = owner if isinstance(owner, Scope) else owner._root
-    return root.unentered if root is not None else {}
+    if isinstance(owner, Scope):
+        return owner.unentered if owner._state is _State.OPEN else {}
+    return owner.unentered if owner._open else {}
 
 
-def _never_entered(block: Block[object] | Region) -> ScopeStateError:
+def never_entered(block: Block[object] | Region) -> ScopeStateError:
     return ScopeStateError(
         diagnostic(
             f"the {block.description} made at {block.location} was never entered, so nothing of it was recorded",

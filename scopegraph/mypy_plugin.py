@@ -33,7 +33,9 @@ A place is a name (``x``), an attribute path (``layer.w``, ``self.bufs.norm``) o
 a literal or a name (``bufs[0]``, ``bufs[-1]``, ``cache["k"]``, ``layers[i]``), a slice among them
 (``x[0:4]``, ``x[i:n]``); a mutable borrow is ``place.mut()`` or ``sg.mut(place)``. Different
 places (``l.a`` and ``l.b``, ``bufs[0]`` and ``bufs[1]``, ``bufs[i]`` and ``bufs[j]``) pass. A
-call that assigns a name among its arguments (``:=``) has no places subscripted by a name.
+call that assigns a name among its arguments (``:=``) has no places subscripted by a name; a
+function called among them that rebinds a global the subscripts use is not seen (silence that
+line).
 The error code ``scopegraph-borrow`` can be silenced per line like any other
 (``# type: ignore[scopegraph-borrow]``).
 
@@ -82,6 +84,7 @@ from mypy.nodes import (
     FuncDef,
     IndexExpr,
     IntExpr,
+    LambdaExpr,
     ListExpr,
     MemberExpr,
     NameExpr,
@@ -177,9 +180,9 @@ def _slice_text(index: SliceExpr, by_name: bool) -> str | None:
 
 
 def _may_assign(expr: Expression) -> bool:
-    """Whether ``expr`` may assign a name (``:=``). Only the forms a call's arguments commonly take
-    are looked into; any other (a comprehension, a lambda) counts as one that may."""
-    if isinstance(expr, (NameExpr, IntExpr, StrExpr, FloatExpr)):
+    """Whether ``expr`` may assign a name of the caller (``:=``). Only the forms a call's arguments
+    commonly take are looked into; any other (a comprehension) counts as one that may."""
+    if isinstance(expr, (NameExpr, IntExpr, StrExpr, FloatExpr, LambdaExpr)):  # a lambda's := is its own
         return False
     if isinstance(expr, AssignmentExpr):
         return True
@@ -291,7 +294,8 @@ def report_conflicts(ctx: FunctionContext | MethodContext, arguments: list[tuple
     """One error for each place borrowed mutably and borrowed again among ``arguments`` (label, expression)."""
     seen: dict[str, tuple[bool, str, Expression]] = {}
     reported: set[str] = set()
-    by_name = not any(_may_assign(arg) for _, arg in arguments)
+    call = ctx.context  # every argument of the call, *args and other keywords too, may assign a name
+    by_name = not any(map(_may_assign, call.args if isinstance(call, CallExpr) else [a for _, a in arguments]))
     for label, arg in arguments:
         borrow = borrow_of(arg, by_name)
         if borrow is None:

@@ -5,6 +5,9 @@ decode loop against K launches of its one-token graph."""
 
 from __future__ import annotations
 
+import contextlib
+import gc
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -630,6 +633,17 @@ def test_a_block_never_entered_is_refused_when_the_scope_ends(sg_device: sg.Devi
         s.while_(flag, max_iterations=1) as body,
     ):
         body.if_(flag)
+    # A loop dropped by an exception the program catches drops the blocks made in its body too; a
+    # block made on a finished scope is kept by nothing.
+    with CudaGraph.scope(sg_stream) as s:
+        s.record(library.add_scalar_op(x.mut(), 1.0))
+        with contextlib.suppress(KeyError), s.while_(flag, max_iterations=1) as body:
+            body.if_(flag)
+            raise KeyError
+    assert len(s.graph.nodes) == 1
+    late = weakref.ref(s.while_(flag))
+    gc.collect()
+    assert late() is None
     with CudaGraph.scope(sg_stream) as s:
         refused = s.if_(flag)
         with s.while_(flag, max_iterations=1), pytest.raises(sg.ScopeStateError, match="is recording"), refused:

@@ -277,6 +277,9 @@ def test_the_host_backend_refuses_a_pdl_kernel_whose_source_never_waits() -> Non
     assert refused.value.kernel_name == "k" and "\nhelp: " in str(refused.value)
     with pytest.raises(sg.PdlWaitError):
         stream.run(forgets[1, 32](out.mut(), 8))
+    triggers_only = declare(never.replace(body, 'asm volatile("griddepcontrol.launch_dependents;"); ' + body))
+    with pytest.raises(sg.PdlWaitError):
+        stream.run(triggers_only[1, 32](out.mut(), 8))
     assert_stream_usable(stream)
     out.free()  # the refused scope pinned nothing
     out = dev.zeros((8,), name="out")
@@ -285,6 +288,8 @@ def test_the_host_backend_refuses_a_pdl_kernel_whose_source_never_waits() -> Non
         declare(never.replace(body, wait + body)),
         declare(never.replace(body, "cudaGridDependencySynchronize(); " + body)),
         declare(never.replace(body, "WAIT; " + body), define_macro=("WAIT", wait)),
+        declare(never.replace(body, 'asm volatile("griddepcontrol" ".wait;" ::: "memory"); ' + body)),
+        declare(never.replace(body, "WAIT; " + body), define_macro=[("WAIT", wait)]),  # a list: no hashing
         declare("#include <pdl.h>\n" + never),  # the header may wait: the GPU's check decides
         sg.kernel(never, name="k", touches={"out": "n"})(forgets.__wrapped__),  # no pdl=True: no wait needed
     ):

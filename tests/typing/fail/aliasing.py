@@ -56,6 +56,8 @@ with CudaGraph.scope(stream) as s:
         s.record(sg.memcpy(x[i : i + 8].mut(), y))
         s.record(sg.memcpy(x[0:8].mut(), x[0:8]))  # E: scopegraph-borrow
         s.record(library.axpy[1, 8](x[i:16].mut(), x[i:16], 1.0, 8))  # E: scopegraph-borrow
+        with s.capture(writes=[bufs[i].mut()], reads=[bufs[i]], host=lambda a, b: None):  # E: scopegraph-borrow
+            pass
     s.record(sg.memcpy(x.mut(), x))  # E: scopegraph-borrow
     s.record(sg.memcpy(sg.mut(y), y))  # E: scopegraph-borrow
     s.record(swap[1, 1](x.mut(), x.mut()))  # E: scopegraph-borrow

@@ -40,6 +40,10 @@ with CudaGraph.scope(stream) as s:
         s.record(sg.memcpy(x[0:8].mut(), x[8:16]))  # different slices (overlap is the tracker's)
         # A name assigned among the arguments may differ between them: no place (the tracker decides).
         s.record(shifted[1, 1](bufs[i].mut(), (i := i + 1), bufs[i]))
+        i = 0
+        s.record(shifted[1, 1](bufs[i].mut(), *((i := i + 1),), bufs[i]))  # in *args too
+        with s.capture(writes=[bufs[i].mut()], keep=[(i := 0)], reads=[bufs[i]], host=lambda a, b: None):
+            pass  # in another keyword too
     s.record(sg.memcpy(x.mut(), y))
     s.record(sg.memset(y.mut(), 0.0))
     s.record(library.axpy[1, 16](out=x.mut(), x=y, a=2, n=16))  # an int where f32 is declared is fine
