@@ -50,6 +50,10 @@ class Tensor:
 
     Create tensors eagerly on a device (``dev.zeros``, ``dev.from_numpy``, ...) or with an
     allocation op run on a stream (``stream.run(sg.zeros(...))``); never inside a scope.
+
+    ``shape`` (a tuple of ints), ``dtype`` (``sg.f32``, ...), ``size`` (elements), ``nbytes``
+    (bytes) and ``offset`` (bytes into its allocation) describe it; ``device``, ``name`` and
+    ``is_view`` say where it lives, what messages call it and whether it is a view of another.
     """
 
     __slots__ = ("_alloc", "_base", "_name", "dtype", "nbytes", "offset", "shape", "size")
