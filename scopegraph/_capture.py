@@ -52,8 +52,20 @@ GPU work, and the node runs ``host`` instead, called with numpy views of the dec
 writes first (writable), then the reads (read-only): ``host(*writes, *reads)``. A region without
 ``host`` is refused on the host backend (NoHostReferenceError).
 
+Regions never run at the same time as each other, even when their declared borrows would let
+them: each also borrows its device's ``foreign scratch`` token mutably (not shown in its label), so
+the regions of a recording form a chain in record order, and graphs that hold regions order their
+replays as graphs sharing memory do. The libraries scopegraph captures keep scratch memory it
+cannot see, per stream: cuBLAS's workspace is one buffer for every GEMM captured on a capture
+stream, and two captured GEMMs run at once overwrite each other's partial sums.
+
+Random numbers drawn by PyTorch inside a ``via="torch"`` region repeat on every replay:
+PyTorch moves its generator's offset on in ``CUDAGraph.replay()``, and scopegraph replays the
+captured graph inside its own. Draw them outside the region (a kernel of your own, or torch work
+before the scope) if they must change between replays.
+
 Collectives (``scopegraph._collectives``) are captured nodes too: their NCCL calls are captured
-into a child graph when the scope builds its graph.
+into a child graph when the scope builds its graph (they keep a token of their own).
 
 In a loop or branch body (``body.capture(...)``, same arguments) the region's node runs in every
 iteration, or when the branch is taken. A CUDA conditional body holds only kernel, memcpy, memset,
@@ -77,6 +89,7 @@ import numpy as np
 
 from . import _scope
 from ._borrow import Borrow
+from ._dtypes import int32
 from ._errors import (
     BoundsError,
     NoHostReferenceError,
@@ -95,6 +108,7 @@ if TYPE_CHECKING:
 
     from ._backends._cuda import CudaBackend
     from ._control import Body
+    from ._device import Device
     from ._stream import Stream
 
 NDArray = np.ndarray[Any, np.dtype[Any]]
@@ -134,6 +148,21 @@ def _check_host(host: object, what: str, arguments: list[str]) -> None:
 
 
 _REGION = object()  # what Region passes to Captured: the only maker of one
+
+# The borrow that orders captured regions after each other (see the module docstring): of a token
+# per device, made on first use, which lives as long as the process (devices do too).
+SCRATCH = "foreign scratch"
+_scratch: dict[Device, Tensor] = {}
+_scratch_lock = threading.Lock()
+
+
+def scratch_token(device: Device) -> Tensor:
+    """The ``foreign scratch`` token of ``device``: every captured region borrows it mutably."""
+    with _scratch_lock:
+        token = _scratch.get(device)
+        if token is None:
+            token = _scratch[device] = device.zeros((1,), int32, name=SCRATCH)
+        return token
 
 
 class Captured(GraphNode):
@@ -187,10 +216,10 @@ class Captured(GraphNode):
         self.definition: GraphDefinition | None = None
         self.kept: list[object] = []
         self.nodes_captured = 0
-        self._claim(
-            [Borrow(t, True, f"writes[{i}]") for i, t in enumerate(self.writes)]
-            + [Borrow(t, False, f"reads[{i}]") for i, t in enumerate(self.reads)]
-        )
+        borrows = [Borrow(t, True, f"writes[{i}]") for i, t in enumerate(self.writes)]
+        borrows += [Borrow(t, False, f"reads[{i}]") for i, t in enumerate(self.reads)]
+        self._claim(borrows)  # (one device, checked here first)
+        self.borrows.append(Borrow(scratch_token(self.writes[0].device), True, SCRATCH))
 
     @property
     def name(self) -> str:
@@ -272,7 +301,7 @@ class Captured(GraphNode):
         raise AssertionError(f"`{self.name}` cannot run eagerly")
 
     def label(self) -> str:
-        args = ", ".join(("mut " if b.mutable else "") + b.tensor.name for b in self.borrows)
+        args = ", ".join(("mut " if b.mutable else "") + b.tensor.name for b in self.borrows if b.param != SCRATCH)
         size = f" [{self.nodes_captured} nodes]" if self.nodes_captured else ""
         return f"{self.name}({args}){size}"
 

@@ -52,7 +52,7 @@ def tensor_from_foreign(obj: Any, name: str | None = None, stream: Stream | None
         return _wrap_device(obj, name, stream)
     except ScopeGraphError:
         raise
-    except (TypeError, ValueError, AttributeError, BufferError, RuntimeError) as exc:  # the producer refused
+    except Exception as exc:  # the producer refused, or described memory no device has (its own error, or the driver's)
         raise SignatureError(
             diagnostic(
                 f"cannot wrap {type(obj).__name__} as a scopegraph tensor: {exc}",

@@ -372,6 +372,12 @@ class Tensor:
         Any other request, every consumer's default included, is a FrozenExportError: torch's and
         CuPy's default import would be a writable alias of memory that graphs rely on."""
         self.check_alive()
+        if stream is not None and (type(stream) is not int or not -1 <= stream < 2**64):
+            raise SignatureError(
+                f"__dlpack__(stream={stream!r}) of `{self.name}`: the consumer's stream is None or a stream "
+                "handle (an int: -1, 1, 2 or a cudaStream_t)\n"
+                "help: import through the consumer (torch.from_dlpack(t), cupy.from_dlpack(t)), which passes it"
+            )
         copy, max_version = kwargs.get("copy"), kwargs.get("max_version")
         if not (copy is None or isinstance(copy, (bool, np.bool_))) or not (
             max_version is None

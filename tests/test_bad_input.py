@@ -649,3 +649,40 @@ def test_a_one_dimensional_integer_array_is_a_shape_as_in_numpy() -> None:
     for bad in (np.array([2.5, 4.0]), np.array([[2, 4]])):
         with pytest.raises(sg.SignatureError, match="is not an int or a tuple of ints"):
             dev.zeros(bad)  # type: ignore[arg-type]
+
+
+class _NoData:
+    @property
+    def __cuda_array_interface__(self) -> dict[str, object]:
+        return {"typestr": "<f4", "version": 3, "shape": (4,)}  # no `data`
+
+
+class _TooBig:
+    @property
+    def __cuda_array_interface__(self) -> dict[str, object]:
+        return {"typestr": "<f4", "version": 3, "shape": (2**62,), "data": (1 << 40, False)}
+
+
+class _OddDevice:
+    def __dlpack_device__(self) -> tuple[int]:
+        return (2,)  # no device index
+
+    def __dlpack__(self, **kwargs: Any) -> object:
+        raise KeyError("stream")
+
+
+def test_a_foreign_object_that_describes_its_memory_wrongly_is_a_signature_error() -> None:
+    """A GPU audit found KeyError, OverflowError, IndexError and cuda.core's CUDAError escaping
+    sg.Tensor.from_dlpack for producers that describe their memory wrongly (a float8 torch tensor,
+    a __cuda_array_interface__ without `data` or of 2**62 elements), and TypeError and
+    OverflowError escaping t.__dlpack__(stream=...) for a stream that is no handle."""
+    for producer in (_NoData(), _TooBig(), _OddDevice()):
+        with pytest.raises(sg.SignatureError, match=f"cannot wrap {type(producer).__name__}") as refused:
+            sg.Tensor.from_dlpack(producer)
+        assert "\nhelp: " in str(refused.value)
+    x = sg.device("host").zeros((4,), name="x")
+    stream: Any
+    for stream in ("a", 2**70, True, -2, 1.0):
+        with pytest.raises(sg.SignatureError, match=r"__dlpack__\(stream=.*the consumer's stream is None or"):
+            x.__dlpack__(stream=stream)
+    assert x.numpy().shape == (4,) and x.__dlpack__(stream=None) is not None
