@@ -27,7 +27,7 @@ from ._lifetime import note_eager_use, queued_on
 from ._stream import Stream
 from ._tensor import Tensor, check_name
 
-KDL_CUDA = 2  # DLPack's device type of CUDA device memory (3: pinned host memory)
+KDL_CUDA = 2  # DLPack's device type of CUDA device memory (3: pinned host memory, refused)
 
 
 def tensor_from_foreign(obj: Any, name: str | None = None, stream: Stream | None = None) -> Tensor:
@@ -128,8 +128,10 @@ def _wrap_device(obj: Any, name: str | None, stream: Stream | None) -> Tensor:
     # Where the producer must make its writes visible: the given stream, or the memory stream of
     # the array's device, which is then waited for so the wrapper is ready on every stream.
     dlpack_device = obj.__dlpack_device__() if hasattr(obj, "__dlpack_device__") else None
+    if dlpack_device is not None and dlpack_device[0] != KDL_CUDA:
+        raise _pinned(obj)
     index = int(dlpack_device[1]) if dlpack_device is not None else _cai_device(obj)
-    on_a_gpu = index is not None and (dlpack_device is None or dlpack_device[0] == KDL_CUDA)  # not pinned host memory
+    on_a_gpu = index is not None
     if stream is not None and on_a_gpu and stream.device.index != index:
         raise SignatureError(
             diagnostic(
@@ -148,6 +150,8 @@ def _wrap_device(obj: Any, name: str | None, stream: Stream | None) -> Tensor:
     expected = tuple(int(np.prod(shape[i + 1 :], dtype=np.int64)) for i in range(len(shape)))
     if strides is not None and any(s != e for s, e, d in zip(strides, expected, shape, strict=True) if d != 1):
         raise _not_contiguous(name)
+    if view.device_id < 0:  # a __cuda_array_interface__ over pinned host memory
+        raise _pinned(obj)
     dev = device(f"cuda:{view.device_id}")
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     buf = Buffer.from_handle(view.ptr, max(nbytes, 1), owner=obj)
@@ -171,6 +175,16 @@ def _cai_device(obj: Any) -> int | None:
     ptr = obj.__cuda_array_interface__["data"][0]
     err, ordinal = driver.cuPointerGetAttribute(driver.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr)
     return int(ordinal) if err == driver.CUresult.CUDA_SUCCESS else None
+
+
+def _pinned(obj: object) -> SignatureError:
+    return SignatureError(
+        diagnostic(
+            f"cannot wrap {type(obj).__name__} as a scopegraph tensor: its memory is pinned host memory, not a GPU's",
+            ["scopegraph tensors live on one device, whose streams order their work"],
+            help="copy it to the GPU first (torch's .cuda(), or dev.from_numpy(np.asarray(obj)))",
+        )
+    )
 
 
 def _not_contiguous(name: str | None) -> SignatureError:

@@ -671,15 +671,26 @@ class _OddDevice:
         raise KeyError("stream")
 
 
+class _Pinned:
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (3, 0)  # kDLCUDAHost: pinned host memory (torch's pin_memory())
+
+    def __dlpack__(self, **kwargs: Any) -> object:
+        raise AssertionError("not asked: refused by its device")
+
+
 def test_a_foreign_object_that_describes_its_memory_wrongly_is_a_signature_error() -> None:
     """A GPU audit found KeyError, OverflowError, IndexError and cuda.core's CUDAError escaping
     sg.Tensor.from_dlpack for producers that describe their memory wrongly (a float8 torch tensor,
-    a __cuda_array_interface__ without `data` or of 2**62 elements), and TypeError and
+    a __cuda_array_interface__ without `data` or of 2**62 elements), pinned host memory refused as
+    "unknown device 'cuda:-1'" (or taken for cuda:0's), and TypeError and
     OverflowError escaping t.__dlpack__(stream=...) for a stream that is no handle."""
-    for producer in (_NoData(), _TooBig(), _OddDevice()):
+    for producer in (_NoData(), _TooBig(), _OddDevice(), _Pinned()):
         with pytest.raises(sg.SignatureError, match=f"cannot wrap {type(producer).__name__}") as refused:
             sg.Tensor.from_dlpack(producer)
         assert "\nhelp: " in str(refused.value)
+    with pytest.raises(sg.SignatureError, match="pinned host memory, not a GPU's"):  # was `unknown device 'cuda:-1'`
+        sg.Tensor.from_dlpack(_Pinned())
     x = sg.device("host").zeros((4,), name="x")
     stream: Any
     for stream in ("a", 2**70, True, -2, 1.0):
