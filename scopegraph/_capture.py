@@ -161,7 +161,9 @@ def scratch_token(device: Device) -> Tensor:
     with _scratch_lock:
         token = _scratch.get(device)
         if token is None:
-            token = _scratch[device] = device.zeros((1,), int32, name=SCRATCH)
+            # Uninitialised (nothing reads it), and made without running an op on the setup stream,
+            # which a scope may be recording on.
+            token = _scratch[device] = device.empty((1,), int32, name=SCRATCH)
         return token
 
 
@@ -265,6 +267,7 @@ class Captured(GraphNode):
                             *(
                                 f"{'writes' if b.mutable else 'reads'} {b.tensor.name} {b.tensor.shape}"
                                 for b in self.borrows
+                                if b.param != SCRATCH
                             ),
                         ],
                         help="the host callable reads or writes past a tensor it was given, writes one declared "

@@ -27,7 +27,8 @@ from ._lifetime import note_eager_use, queued_on
 from ._stream import Stream
 from ._tensor import Tensor, check_name
 
-KDL_CUDA = 2  # DLPack's device type of CUDA device memory (3: pinned host memory, refused)
+KDL_CUDA = 2  # DLPack's device type of CUDA device memory
+KDL_CUDA_HOST = 3  # pinned host memory: refused (13, managed memory, is device memory to cuda.core)
 
 
 def tensor_from_foreign(obj: Any, name: str | None = None, stream: Stream | None = None) -> Tensor:
@@ -50,8 +51,8 @@ def tensor_from_foreign(obj: Any, name: str | None = None, stream: Stream | None
         if not is_device:
             return _wrap_host(obj, name)
         return _wrap_device(obj, name, stream)
-    except ScopeGraphError:
-        raise
+    except (ScopeGraphError, AssertionError, MemoryError, RecursionError, Warning):
+        raise  # ours, the interpreter's limits, and warnings made errors: not the object's description
     except Exception as exc:  # the producer refused, or described memory no device has (its own error, or the driver's)
         raise SignatureError(
             diagnostic(
@@ -128,7 +129,7 @@ def _wrap_device(obj: Any, name: str | None, stream: Stream | None) -> Tensor:
     # Where the producer must make its writes visible: the given stream, or the memory stream of
     # the array's device, which is then waited for so the wrapper is ready on every stream.
     dlpack_device = obj.__dlpack_device__() if hasattr(obj, "__dlpack_device__") else None
-    if dlpack_device is not None and dlpack_device[0] != KDL_CUDA:
+    if dlpack_device is not None and dlpack_device[0] == KDL_CUDA_HOST:
         raise _pinned(obj)
     index = int(dlpack_device[1]) if dlpack_device is not None else _cai_device(obj)
     on_a_gpu = index is not None

@@ -679,6 +679,20 @@ class _Pinned:
         raise AssertionError("not asked: refused by its device")
 
 
+class _Managed:
+    """CuPy's managed-memory array as scopegraph sees it: both interfaces, DLPack device 13."""
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, object]:
+        return {"typestr": "<f4", "version": 3, "shape": (4,), "data": (0, False)}
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (13, 0)  # kDLCUDAManaged
+
+    def __dlpack__(self, **kwargs: Any) -> object:
+        raise BufferError("a stand-in: no memory behind it")
+
+
 def test_a_foreign_object_that_describes_its_memory_wrongly_is_a_signature_error() -> None:
     """A GPU audit found KeyError, OverflowError, IndexError and cuda.core's CUDAError escaping
     sg.Tensor.from_dlpack for producers that describe their memory wrongly (a float8 torch tensor,
@@ -691,6 +705,9 @@ def test_a_foreign_object_that_describes_its_memory_wrongly_is_a_signature_error
         assert "\nhelp: " in str(refused.value)
     with pytest.raises(sg.SignatureError, match="pinned host memory, not a GPU's"):  # was `unknown device 'cuda:-1'`
         sg.Tensor.from_dlpack(_Pinned())
+    with pytest.raises(sg.ScopeGraphError) as refused:  # managed memory (CuPy's, 13) is no pinned memory
+        sg.Tensor.from_dlpack(_Managed())
+    assert "pinned" not in str(refused.value)
     x = sg.device("host").zeros((4,), name="x")
     stream: Any
     for stream in ("a", 2**70, True, -2, 1.0):

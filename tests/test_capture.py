@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import scopegraph as sg
-from scopegraph import CudaGraph, library
+from scopegraph import CudaGraph, _capture, library
 from scopegraph._capture import is_capturing
 
 from .helpers import assert_stream_usable, cupy_on
@@ -125,6 +125,20 @@ def test_a_region_of_one_graph_recorded_into_another(sg_stream: sg.Stream) -> No
         first.sync()
         np.testing.assert_array_equal(y.numpy(), 15.0)  # x is 5 now
     assert_stream_usable(sg_stream)
+
+
+def test_the_first_region_may_be_recorded_on_the_setup_stream(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The foreign scratch token is made when a device's first region is: it ran sg.zeros on the
+    device's setup stream, which a scope recording there refused (ScopeStateError about an op the
+    user never ran)."""
+    monkeypatch.setattr(_capture, "_scratch", {})  # no region made yet in this process
+    dev = sg.device("host")
+    a = dev.zeros((4,), name="a")
+    with CudaGraph.scope(dev.setup_stream) as s, s.capture(writes=[a.mut()], host=lambda a: a.fill(2.0)):
+        pass
+    with s.graph as graph:
+        graph.launch()
+    np.testing.assert_array_equal(a.numpy(), 2.0)
 
 
 def test_regions_run_one_at_a_time_and_beside_independent_kernels(sg_stream: sg.Stream) -> None:
@@ -569,6 +583,7 @@ def test_a_host_callable_that_goes_past_its_views_is_a_bounds_error(
             graph.launch()
         text = str(info.value)
         assert "captured region `bad_host`" in text and "writes c (4,)" in text and "reads a (4,)" in text, text
+        assert "foreign scratch" not in text  # the ordering token is no view the callable got
         assert re.search(r"(?m)^help: \S", text), text
     np.testing.assert_array_equal(a.numpy(), 0.0)
     assert_stream_usable(stream)
