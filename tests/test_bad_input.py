@@ -705,9 +705,9 @@ def test_a_foreign_object_that_describes_its_memory_wrongly_is_a_signature_error
         assert "\nhelp: " in str(refused.value)
     with pytest.raises(sg.SignatureError, match="pinned host memory, not a GPU's"):  # was `unknown device 'cuda:-1'`
         sg.Tensor.from_dlpack(_Pinned())
-    with pytest.raises(sg.ScopeGraphError) as refused:  # managed memory (CuPy's, 13) is no pinned memory
+    with pytest.raises(sg.ScopeGraphError) as not_pinned:  # managed memory (CuPy's, 13) is no pinned memory
         sg.Tensor.from_dlpack(_Managed())
-    assert "pinned" not in str(refused.value)
+    assert "pinned" not in str(not_pinned.value)
     x = sg.device("host").zeros((4,), name="x")
     stream: Any
     for stream in ("a", 2**70, True, -2, 1.0):
