@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import keyword
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
 import numpy as np
 
@@ -60,7 +60,16 @@ class Param(Generic[T]):
 
     __slots__ = ("default", "dtype", "name")
 
-    def __init__(self, name: str, dtype: type[T] | DTypeLike, default: T) -> None:
+    # The dtype decides the kind, as the kernel's own scalar does: sg.Param("n", sg.i32, 1) is a
+    # Param[int] even where a Param[float] is expected (mypy would otherwise promote the int),
+    # so an sg.i32 parameter in an sg.f32 slot is a type error, not only a run-time one.
+    @overload
+    def __init__(self: Param[int], name: str, dtype: type[int], default: int) -> None: ...
+    @overload
+    def __init__(self: Param[float], name: str, dtype: type[float], default: float) -> None: ...
+    @overload
+    def __init__(self, name: str, dtype: DTypeLike, default: T) -> None: ...
+    def __init__(self, name: str, dtype: DTypeLike, default: float) -> None:
         if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name) or name in RESERVED:
             raise SignatureError(
                 diagnostic(

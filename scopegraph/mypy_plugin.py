@@ -45,10 +45,11 @@ in a container is named by its place, ``kernels['axpy']``; one no expression nam
 launch"). One variable may hold launchers of several kernels of one signature; it is named after
 the first it was given. It lets a launch take a graph parameter where the kernel takes a scalar:
 an ``sg.f32`` parameter accepts ``float`` or ``sg.Param[float]``, an ``sg.i32`` one ``int`` or
-``sg.Param[int]`` (see ``scopegraph._params``). A ``bool`` for an int or float scalar, which
-mypy's types let through (a bool is an int) and scopegraph refuses when the launch is built, is an
-``arg-type`` error, in a launch and in a ``scopegraph.library`` helper (``axpy_op(y.mut(), x,
-True)``).
+``sg.Param[int]`` (see ``scopegraph._params``; ``sg.Param("n", sg.i32, 1)`` is an
+``sg.Param[int]`` wherever it stands, so it does not pass for an ``sg.f32`` one). A ``bool`` for
+an int or float scalar, which mypy's types let through (a bool is an int) and scopegraph refuses
+when the launch is built, is an ``arg-type`` error, in a launch and in a ``scopegraph.library``
+helper (``axpy_op(y.mut(), x, True)``).
 
 What it cannot see
 ------------------

@@ -203,7 +203,7 @@ def test_a_graph_without_parameters_refuses_names(sg_device: sg.Device, sg_strea
         ),
         (lambda: sg.Param("two words", sg.f32, 1.0), r"name 'two words' cannot"),
         (lambda: sg.Param("class", sg.f32, 1.0), r"name 'class' cannot"),
-        (lambda: sg.Param(3, sg.f32, 1.0), r"name 3 cannot"),  # type: ignore[arg-type]
+        (lambda: sg.Param(3, sg.f32, 1.0), r"name 3 cannot"),  # type: ignore[call-overload]
         (lambda: sg.Param("n", sg.i32, 1.5), r"the default of parameter `n` is float 1.5, but the parameter is sg.i32"),
         (lambda: sg.Param("n", sg.i32, 8.0), r"the default of parameter `n` is float 8.0, but the parameter is sg.i32"),
         (lambda: sg.Param("n", "complex128", 1), r"is not a dtype scopegraph supports"),

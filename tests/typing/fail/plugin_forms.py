@@ -102,3 +102,8 @@ stream.run(call(library.add_op, bufs[1].mut(), x, bufs[1]))  # E: scopegraph-bor
 # A bool where a library helper takes a scalar (it becomes a kernel scalar).
 stream.run(library.axpy_op(y.mut(), x, flag))  # E: arg-type
 stream.run(library.fill_op(y.mut(), value=False))  # E: arg-type
+
+# A parameter's dtype makes its kind: sg.i32 where the kernel takes an sg.f32 is refused at run time,
+# and so here (mypy would promote the int otherwise), and the reverse.
+library.axpy[1, 16](y.mut(), x, sg.Param("a", sg.i32, 2), 16)  # E: arg-type
+library.axpy[1, 16](y.mut(), x, 2.0, sg.Param("n", sg.f32, 16.0))  # E: arg-type

@@ -70,6 +70,8 @@ with CudaGraph.scope(stream) as s:
     s.record(library.rms_norm_op(y.mut(), x, x, eps))
     s.record(library.axpy_op(y.mut(), x, eps))
     s.record(library.fill_op(y.mut(), eps))
+    # The dtype makes the kind: an int default for an sg.f32 parameter, and an sg.i32 one's count.
+    s.record(library.axpy[1, 16](y.mut(), x, sg.Param("a", sg.f32, 2), sg.Param("n", sg.i32, 16)))
 
 # Generic helpers over ops, and over anything else.
 T = TypeVar("T")
