@@ -718,7 +718,7 @@ class Region:
         self._frees_deferred_by: tuple[CudaBackend, int] | None = None
         self._cupy: Any = None
         self._entered = self._open = False  # entered once; open until its exit
-        # Until entered, the scope's clean exit refuses it (see Scope.unentered).
+        # Until entered, the scope's clean exit refuses it (see Scope._unentered).
         self._waiting = unentered_in(owner)
         self._waiting[id(self)] = self
 

@@ -162,9 +162,9 @@ class Body:
         self._tracker = ORDERS[root.order](self._add_join)
         self._open = True
         self._inner: Block[object] | Region | None = None
-        # Blocks made in this body and not entered yet (see Scope.unentered): the clean exit of the
+        # Blocks made in this body and not entered yet (see Scope._unentered): the clean exit of the
         # block that holds the body refuses them; one that raises drops them with the body.
-        self.unentered: dict[int, Block[object] | Region] = {}
+        self._unentered: dict[int, Block[object] | Region] = {}
         # The body nodes the end-of-iteration condition kernel waits for (the last writers of
         # `flag`), set when a loop body closes.
         self.condition_deps: frozenset[int] = frozenset()
@@ -333,7 +333,7 @@ class Block(Generic[T_co]):
         # Where the root scope stood when the block opened: its pins, and how many parameter names
         # it knew (see _roll_back).
         self._mark: tuple[Scope, tuple[int, int], int] | None = None
-        # Until entered, the scope's clean exit refuses it (see Scope.unentered).
+        # Until entered, the scope's clean exit refuses it (see Scope._unentered).
         self._waiting = unentered_in(owner)
         self._waiting[id(self)] = self
 
@@ -422,9 +422,9 @@ class Block(Generic[T_co]):
             self._roll_back()
             return
         for body in self.bodies:
-            if body.unentered:
+            if body._unentered:
                 self._roll_back()
-                raise never_entered(next(iter(body.unentered.values())))
+                raise never_entered(next(iter(body._unentered.values())))
         try:
             self._record()
         except BaseException:

@@ -188,7 +188,7 @@ class Scope:
         # The loop, branch and capture blocks made in this scope (not in its bodies, which keep their
         # own) and not entered yet, by id: a clean exit refuses them (a block never entered records
         # nothing, silently).
-        self.unentered: dict[int, Block[object] | Region] = {}
+        self._unentered: dict[int, Block[object] | Region] = {}
         # The thread that opened the scope, the only one that may record into it: the tracker's
         # state is not guarded against two threads recording at once (edges would go missing).
         self.thread = 0
@@ -363,8 +363,8 @@ class Scope:
         if exc_type is not None:
             self._abandon()
             return
-        if self.unentered:
-            block = next(iter(self.unentered.values()))
+        if self._unentered:
+            block = next(iter(self._unentered.values()))
             self._abandon()
             raise never_entered(block)
         try:
@@ -388,7 +388,7 @@ class Scope:
 
     def _abandon(self) -> None:
         self._pin.release()
-        self.unentered = {}
+        self._unentered = {}
         self._nodes = []
         self._tracker = None
         self._edge_kinds.clear()
@@ -397,12 +397,12 @@ class Scope:
 
 def unentered_in(owner: Scope | Body) -> dict[int, Block[object] | Region]:
     """Where a block made in ``owner`` (a scope, or a loop or branch body) waits to be entered: the
-    owner's ``unentered``, which its clean end checks (the scope's exit, the loop's or branch's
+    owner's ``_unentered``, which its clean end checks (the scope's exit, the loop's or branch's
     block's). An owner that is not open gives a dict of its own, which nothing reads or keeps
     (entering such a block is refused)."""
     if isinstance(owner, Scope):
-        return owner.unentered if owner._state is _State.OPEN else {}
-    return owner.unentered if owner._open else {}
+        return owner._unentered if owner._state is _State.OPEN else {}
+    return owner._unentered if owner._open else {}
 
 
 def never_entered(block: Block[object] | Region) -> ScopeStateError:
