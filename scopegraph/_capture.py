@@ -27,7 +27,8 @@ How the work is captured (``via=``):
   ``g = torch.cuda.CUDAGraph(keep_graph=True)``; ``region.torch_stream`` is the capture stream (made
   current inside the region). PyTorch's private memory pool for the capture stays with ``g``, and
   ``g.raw_cuda_graph()`` becomes the child graph. cuBLAS is warmed up on the capture stream once
-  (its handle and workspace are made before the first capture, not during it).
+  per thread (PyTorch's cuBLAS handle is the thread's: it and its workspace are made before the
+  thread's first capture, not during it).
 
 What the region keeps alive as long as the scopegraph graph lives: the captured definition, the
 torch ``CUDAGraph`` (its memory pool holds the work's temporaries), and whatever is passed as
@@ -518,21 +519,34 @@ _torch_captures = threading.Lock()
 _torch_capturing = [0]  # the thread that holds _torch_captures (0: none)
 
 
+# Per thread, by device: the capture stream this thread's cuBLAS handle was warmed up on.
+_torch_warmed = threading.local()
+
+
 def _torch_capture_stream(torch: Any, index: int) -> Any:
-    """PyTorch's capture stream for device ``index``, with cuBLAS warmed up on it: its handle and
-    workspace exist before the first capture, so the capture allocates nothing for them."""
+    """PyTorch's capture stream for device ``index`` (one per device)."""
     with _torch_lock:
         stream = _torch_streams.get(index)
         if stream is None:
-            stream = torch.cuda.Stream(device=index)
-            with torch.cuda.device(index), torch.cuda.stream(stream):
-                a = torch.ones((2, 2), device=f"cuda:{index}")
-                torch.mm(a, a)
-                torch.addmm(a, a, a)
-                torch.cuda.current_blas_handle()
-            stream.synchronize()
-            _torch_streams[index] = stream
+            stream = _torch_streams[index] = torch.cuda.Stream(device=index)
         return stream
+
+
+def _warm_cublas(torch: Any, index: int, stream: Any) -> None:
+    """Make this thread's cuBLAS handle, and its workspace on ``stream``, before a capture there:
+    PyTorch keeps a handle per thread and a workspace per handle and stream, and a capture that
+    made them would fail (CUBLAS_STATUS_NOT_INITIALIZED) or allocate while capturing. Called with
+    ``_torch_captures`` held: no other thread captures on ``stream`` meanwhile."""
+    warmed: dict[int, Any] = _torch_warmed.__dict__.setdefault("streams", {})
+    if warmed.get(index) is stream:
+        return
+    with torch.cuda.device(index), torch.cuda.stream(stream):
+        a = torch.ones((2, 2), device=f"cuda:{index}")
+        torch.mm(a, a)
+        torch.addmm(a, a, a)
+        torch.cuda.current_blas_handle()
+    stream.synchronize()
+    warmed[index] = stream
 
 
 class _TorchCapture:
@@ -573,6 +587,7 @@ class _TorchCapture:
         self.capturing = True
         try:
             self.stream = _torch_capture_stream(torch, self.index)  # a failed capture may have dropped it
+            _warm_cublas(torch, self.index, self.stream)
             self.graph = torch.cuda.CUDAGraph(keep_graph=True)
             self.context = torch.cuda.graph(self.graph, stream=self.stream, capture_error_mode=self.mode)
             self.context.__enter__()

@@ -399,6 +399,45 @@ def test_captured_gemms_do_not_share_cublas_scratch_at_once() -> None:
 
 
 @pytest.mark.sg_cuda
+def test_torch_gemm_regions_capture_on_every_thread() -> None:
+    """PyTorch keeps a cuBLAS handle per thread: cuBLAS was warmed up on the capture stream by the
+    first thread only, so a GEMM region recorded on another thread failed
+    (CUBLAS_STATUS_NOT_INITIALIZED), and the first thread's next one then allocated its workspace
+    during the capture. Each thread now warms its own handle before its first capture."""
+    torch = pytest.importorskip("torch")
+    dev = sg.device("cuda")
+    a = torch.arange(16 * 64, device="cuda", dtype=torch.float32).reshape(16, 64) % 7
+    b = torch.arange(64 * 16, device="cuda", dtype=torch.float32).reshape(64, 16) % 5
+    want = (a.double() @ b.double()).float().cpu().numpy()
+
+    def record_and_run(tag: str) -> None:
+        c = torch.zeros(16, 16, device="cuda")
+        sa, sb, sc = (sg.Tensor.from_dlpack(t) for t in (a, b, c))
+        with CudaGraph.scope(dev.stream()) as s, s.capture(reads=[sa, sb], writes=[sc.mut()], via="torch", name=tag):
+            torch.mm(a, b, out=c)
+        with s.graph as g:
+            g.launch()
+            g.sync()
+        np.testing.assert_array_equal(sc.numpy(), want)
+
+    record_and_run("main")
+    failures: list[BaseException] = []
+
+    def worker(tag: str) -> None:
+        try:
+            record_and_run(tag)
+        except BaseException as exc:
+            failures.append(exc)
+
+    for i in range(2):  # one after another: each a thread of its own
+        thread = threading.Thread(target=worker, args=(f"worker{i}",))
+        thread.start()
+        thread.join(60)
+    record_and_run("main again")
+    assert not failures, failures
+
+
+@pytest.mark.sg_cuda
 def test_a_torch_region_inside_a_torch_region_is_refused_not_a_hang() -> None:
     """The lock that makes threads take turns for PyTorch captures would wait for itself."""
     torch = pytest.importorskip("torch")
