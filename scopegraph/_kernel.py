@@ -521,7 +521,10 @@ class Kernel(Generic[P]):
         """The instantiation of a C++ template kernel with these template arguments."""
         # Only exact ints and strs key the fast path: True == 1.0 == 1 hash alike, and a bool
         # instantiates `true`, a float is refused; other kinds may not hash at all.
-        plain = all(type(a) is int or type(a) is str for a in args)
+        if len(args) == 1:  # (the usual case: one block size, without a generator's cost)
+            plain = type(args[0]) is int or type(args[0]) is str
+        else:
+            plain = all(type(a) is int or type(a) is str for a in args)
         if plain:
             inst = self._instances_as_given.get(args)
             if inst is not None:
@@ -595,9 +598,15 @@ class Kernel(Generic[P]):
         # A launch shape made only of plain ints (or tuples of them) is checked once and its
         # Launcher reused. Only exact ints may hit the cache: True == 1.0 == 1 hash alike, and
         # bools and floats must still be refused by _dim3.
-        plain = type(launch) is tuple and (
-            (len(launch) == 2 and type(launch[0]) is int and type(launch[1]) is int)  # k[blocks, threads]
-            or all(type(d) is int or (type(d) is tuple and all(type(e) is int for e in d)) for d in launch)
+        plain = (
+            type(launch) is tuple
+            and 2 <= len(launch) <= 3
+            and (
+                (
+                    type(launch[0]) is int and type(launch[1]) is int and type(launch[-1]) is int
+                )  # [blocks, threads(, shared)]
+                or all(type(d) is int or (type(d) is tuple and all(type(e) is int for e in d)) for d in launch)
+            )
         )
         if plain:
             cached = self._launchers.get(launch)

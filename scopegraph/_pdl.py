@@ -83,9 +83,13 @@ class EdgeKinds:
             return NONE
         early = op.kernel.reads_before_wait
         full = self.full
-        if not early and full.isdisjoint(deps):
-            return deps  # every edge (the common case in a chain of PDL kernels): no new set
-        chosen = [d for d in deps if d not in full and not (early and early_load_of(op, nodes[d].op) is not None)]
+        if not early:
+            if full.isdisjoint(deps):
+                return deps  # every edge (the common case in a chain of PDL kernels): no new set
+            chosen = [d for d in deps if d not in full]
+        else:
+            loads = [b for b in op.borrows if b.param in early]
+            chosen = [d for d in deps if d not in full and _overlapping_write(nodes[d].op, loads) is None]
         if len(chosen) == len(deps):
             return deps
         return frozenset(chosen) if chosen else NONE
@@ -105,9 +109,16 @@ def early_load_of(op: GraphNode, before: GraphNode) -> Borrow | None:
     if type(op) is not KernelLaunch or not op.kernel.pdl or not op.kernel.reads_before_wait:
         return None
     names = op.kernel.reads_before_wait
-    for e in op.borrows:
-        if e.param in names and any(w.mutable and w.overlaps(e) for w in before.borrows):
-            return e
+    return _overlapping_write(before, [b for b in op.borrows if b.param in names])
+
+
+def _overlapping_write(before: GraphNode, loads: list[Borrow]) -> Borrow | None:
+    """The first of ``loads`` that ``before`` writes a byte of, if any."""
+    for w in before.borrows:
+        if w.mutable:
+            for e in loads:
+                if w.overlaps(e):
+                    return e
     return None
 
 
