@@ -255,10 +255,12 @@ class Allocation:
         # Holder id -> the graph or open scope that pins this allocation (see _lifetime.Pin).
         self.pins: dict[int, Pin] = {}
         self.region = Region(address, address + nbytes)
-        # Native streams that ran work on this memory: its release waits for them (_lifetime).
+        # What ran work on this memory, its release waits for it (_lifetime): the native streams
+        # of eager work, and marks (events) of the replays of graphs that let it go.
         self.users: set[object] = set()
-        # The last replay's stream of each graph released since it pinned this memory, with the
-        # streams whose eager work has waited for that replay (_lifetime.note_eager_use). Replaced
+        # A mark of the last replay of each graph released since it pinned this memory (on CUDA
+        # an event; its stream while a capture forbids events), with the streams whose eager work
+        # has waited for that replay (_lifetime.note_eager_use); passed marks are dropped. Replaced
         # whole (under _lifetime.PENDING), never changed in place: readers iterate what they found.
         self.closed_replays: dict[object, set[object]] | None = None
         # Set by _lifetime.track: releases the storage once the GPU is done with it. Idempotent.

@@ -7,8 +7,9 @@ Two rules keep memory valid while the GPU uses it:
    names frees nothing) and ``free()`` is refused. ``graph.close()``, or collection of the graph,
    unpins.
 2. **Device lifetime.** Memory goes back to the pool only after every piece of GPU work that used
-   it has finished. Each allocation records the native streams that ran work on it
-   (``alloc.users``: eager ops, and at unpin the streams its graphs were replayed on). Its
+   it has finished. Each allocation records what ran work on it
+   (``alloc.users``: eager ops, and at unpin marks of its graphs' replays: events, which let
+   the streams go and are dropped once they have passed; see :class:`ReplayMarks`). Its
    release (:func:`track`: on ``free()``, or when the allocation is collected) hands the storage
    to the backend's ``retire``, which orders the free after that work with events and
    stream-ordered deallocation. Nothing synchronises the device.
@@ -129,36 +130,45 @@ class Pin:
     def release(self) -> None:
         """Unpin; the memory's eventual release waits for every replay of this holder, and eager
         work on it from other streams for the last one (``Allocation.closed_replays``)."""
+        marks = ReplayMarks(self)
         for alloc in self.allocations.values():
-            self.let_go(alloc)
+            self.let_go(alloc, marks)
         self.allocations = {}
         holdings_changed()
 
-    def let_go(self, alloc: Allocation) -> None:
+    def let_go(self, alloc: Allocation, marks: ReplayMarks) -> None:
         """Unpin ``alloc`` (closed, or no longer used after a rebind or a new recording): its
         release waits for every replay so far, and eager work on it from another stream, and the
         next replays of the graphs that stay on it, for the last one (it may still run).
 
         The replays are noted before the pin goes: another thread's ``free()`` or eager work that
         finds the memory unpinned must find them."""
-        self.hand_on(alloc, alloc.id in self.written)
+        self.hand_on(alloc, alloc.id in self.written, marks)
         last = self.last_stream
         if last is not None:
+            key = marks.of(last)
             with PENDING:  # one writer at a time (two graphs closed at once), and a new dict each time
-                closed = dict(alloc.closed_replays or {})
-                earlier = closed.get(last)  # another graph's last replay on that stream, before or after
+                closed = {m: caught for m, caught in (alloc.closed_replays or {}).items() if not marks.passed(m)}
+                earlier = closed.get(key)  # another graph's last replay on that stream (unmarked), before or after
                 # Caught up with each: a stream that waited for one of them only waits again.
-                closed[last] = set(self.caught_up) if earlier is None else earlier & self.caught_up
+                closed[key] = set(self.caught_up) if earlier is None else earlier & self.caught_up
                 alloc.closed_replays = closed
         alloc.pins.pop(id(self), None)
 
-    def hand_on(self, alloc: Allocation, wrote: bool) -> None:
+    def hand_on(self, alloc: Allocation, wrote: bool, marks: ReplayMarks) -> None:
         """This holder lets go of ``alloc``, or stops writing it (closed, or re-pinned), while its
         replays may still run (and write it, if ``wrote``): graphs built on the memory from now on
         wait for them, and the next replays of the graphs and open scopes that hold it, where
         either writes it, wait for the last one, as they did while this holder was their sharer
-        (what an open scope writes is summed up only when its graph is built)."""
-        alloc.users |= self.replayed_on
+        (what an open scope writes is summed up only when its graph is built).
+
+        The memory keeps marks of the replays, not their streams, and drops the marks that have
+        passed: a long-lived tensor (weights, a device's scratch token) used by many graphs, each
+        closed in turn, would otherwise keep every stream they ran on alive, and a new graph's
+        first replay would wait on them all."""
+        users = alloc.users  # changed in place: its release (``track``) holds this set
+        users.update(marks.of(stream) for stream in list(self.replayed_on))
+        users.difference_update([user for user in list(users) if marks.passed(user)])
         last = self.last_stream
         if last is None:
             return
@@ -168,7 +178,38 @@ class Pin:
                 wrote or alloc.id in other.written or (other.recording and other.writes_to(alloc.address, end))
             ):
                 with PENDING:
-                    other.pending.add(last)
+                    other.pending.add(marks.of(last))
+
+
+class ReplayMarks:
+    """What stands for a holder's replays on each stream once it lets memory go: the backend's mark
+    (on CUDA an event recorded after them), made on first use and once per stream, for all the
+    allocations it lets go of at once; and whether a mark has passed, asked once per mark. The
+    marks are made when the holder lets go, so they cover every replay so far; a holder that stays
+    (re-pinned) tracks its later replays itself."""
+
+    __slots__ = ("_backend", "_made", "_passed")
+
+    def __init__(self, pin: Pin) -> None:
+        held = next(iter(pin.allocations.values()), None)
+        self._backend = held.device.backend if held is not None else None
+        self._made: dict[object, object] = {}
+        self._passed: dict[object, bool] = {}
+
+    def of(self, stream: object) -> object:
+        mark = self._made.get(stream)
+        if mark is None:
+            mark = self._made[stream] = stream if self._backend is None else self._backend.mark(stream)
+        return mark
+
+    def passed(self, mark: object) -> bool:
+        """Whether ``mark``'s work has completed (a stream never has: more may be queued on it)."""
+        if self._backend is None:
+            return False
+        known = self._passed.get(mark)
+        if known is None:
+            known = self._passed[mark] = self._backend.finished(mark)
+        return known
 
 
 def pins_writing(alloc: Allocation, start: int, end: int) -> Iterator[Pin]:
@@ -236,9 +277,10 @@ def repin(pin: Pin, borrows: Iterable[Borrow]) -> None:
         for a in alloc.aliases() if len(alloc.region.members) > 1 else (alloc,):
             held[a.id] = a
     key = id(pin)
+    marks = ReplayMarks(pin)
     for aid, a in pin.allocations.items():
         if aid not in held:
-            pin.let_go(a)
+            pin.let_go(a, marks)
     for aid, a in held.items():
         if aid not in pin.allocations:
             a.pins[key] = pin
@@ -250,7 +292,7 @@ def repin(pin: Pin, borrows: Iterable[Borrow]) -> None:
     for aid in wrote - pin.written:
         kept = held.get(aid)
         if kept is not None:  # still used, no longer written: the last replay may still write it
-            pin.hand_on(kept, True)
+            pin.hand_on(kept, True, marks)
     holdings_changed()
 
 

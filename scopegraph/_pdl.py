@@ -114,11 +114,10 @@ def early_load_of(op: GraphNode, before: GraphNode) -> Borrow | None:
 
 def _overlapping_write(before: GraphNode, loads: list[Borrow]) -> Borrow | None:
     """The first of ``loads`` that ``before`` writes a byte of, if any."""
-    for w in before.borrows:
-        if w.mutable:
-            for e in loads:
-                if w.overlaps(e):
-                    return e
+    for e in loads:
+        for w in before.borrows:
+            if w.mutable and w.overlaps(e):
+                return e
     return None
 
 

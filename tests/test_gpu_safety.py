@@ -781,3 +781,34 @@ def test_an_import_on_a_stream_of_another_gpu_is_refused(cuda: sg.Device) -> Non
     with pytest.raises(sg.SignatureError, match=refused):
         sg.Tensor.from_dlpack(_OnTheSecondGpu(), stream=stream)
     assert_stream_usable(stream)
+
+
+def test_closed_graphs_let_their_streams_go_and_later_work_still_waits_for_their_replays(cuda: sg.Device) -> None:
+    """Graphs that read a long-lived `inp` (weights, say), each replayed on a fresh stream and
+    closed while its replay still spins: `inp` keeps an event of each replay, not its stream, and
+    drops the events that have passed. The streams can be collected, and a write of `inp` from
+    another stream still waits for the replays that run. (`inp` kept every stream alive, and a new
+    graph's first replay waited on each of them.)"""
+    import weakref
+
+    inp = cuda.full((N,), 1.0, name="inp")
+    outs = [cuda.zeros((N,), name=f"out{i}") for i in range(8)]
+    streams = []
+    for i, out in enumerate(outs):
+        stream = cuda.stream()
+        streams.append(weakref.ref(stream.native))
+        with CudaGraph.scope(stream) as s:
+            s.record(slow_copy[N // 256, 256](out.mut(), inp, N, CYCLES if i == len(outs) - 1 else 0))
+        s.graph.launch()
+        if i < len(outs) - 1:
+            s.graph.sync()  # its replay passes before the next graph closes
+        s.graph.close()  # the last one's replay still spins
+        del s, stream
+    assert len(inp.allocation.users) <= 2  # the last replay's event, and the stream that filled `inp`
+    writer = cuda.stream()
+    writer.run(sg.memset(inp.mut(), 5.0))  # waits for the last replay, which spins, then reads 1.0
+    writer.sync()
+    np.testing.assert_array_equal(outs[-1].numpy(), 1.0)
+    np.testing.assert_array_equal(inp.numpy(), 5.0)
+    gc.collect()  # (the backend names the last work's stream in a fault's message: the writer's now)
+    assert [ref() for ref in streams] == [None] * len(streams)

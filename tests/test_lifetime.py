@@ -405,3 +405,68 @@ def test_a_graph_that_takes_memory_between_eager_works_note_and_enqueue_waits_fo
     replayed(graph._pin, "S1", log)
     assert log.waits == [("S1", "S2")]
     graph.close()
+
+
+class Marks:
+    """A backend's marks, by name: ``mark("S1")`` is "S1@1" (an event recorded on S1 after what is
+    queued there so far), and a mark has passed once the test says so."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, backend: Any) -> None:
+        self.made = 0
+        self.passed: set[str] = set()
+        monkeypatch.setattr(backend, "mark", self.mark)
+        monkeypatch.setattr(backend, "finished", lambda mark: mark in self.passed)
+
+    def mark(self, stream: str) -> str:
+        self.made += 1
+        return f"{stream}@{self.made}"
+
+
+def test_memory_keeps_marks_of_closed_graphs_replays_and_drops_those_that_passed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Graphs that read a long-lived x, each replayed on a stream of its own and closed in turn:
+    x keeps a mark of each replay (an event), not its stream, and drops the marks that have
+    passed. Work that comes later still waits for the replays that may run. (x kept every
+    stream: they stayed alive, and a new graph's first replay waited on each of them.)"""
+    dev, log = sg.device("host"), Log()
+    marks = Marks(monkeypatch, dev.backend)
+    x = dev.zeros((8,), name="x")
+    for i in range(50):
+        graph = reading(x, f"g{i}")
+        replayed(graph._pin, f"S{i}", log)
+        graph.close()
+        marks.passed.add(f"S{i}@{marks.made}")  # that replay has finished
+    assert marks.made == 50 and x.allocation.users == {"S49@50"}  # the last close found the rest passed
+    assert set(x.allocation.closed_replays or {}) == {"S49@50"}
+
+    running = reading(x, "running")  # its replay may still run when it is closed
+    replayed(running._pin, "R", log)
+    running.close()
+    assert x.allocation.users == {"R@51"} and set(x.allocation.closed_replays or {}) == {"R@51"}
+    log.waits.clear()
+    eager_write(x, "E", log)  # waits for the closed replay that has not passed, by its mark
+    assert log.waits == [("E", "R@51")]
+
+    after = reading(x, "after")  # a new graph's first replay waits for what x's users hold
+    log.waits.clear()
+    replayed(after._pin, "S2", log)
+    assert sorted(log.waits) == [("S2", "E"), ("S2", "R@51")]
+    after.close()
+
+
+def test_a_capture_keeps_the_streams_a_mark_would_stand_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    """While a capture forbids events the backend marks a replay with its stream itself (and
+    nothing passes): a graph closed then (say by garbage collection) leaves x its stream, as
+    before marks, and later work waits for that stream."""
+    dev, log = sg.device("host"), Log()
+    monkeypatch.setattr(dev.backend, "mark", lambda stream: stream)
+    monkeypatch.setattr(dev.backend, "finished", lambda mark: False)
+    x = dev.zeros((8,), name="x")
+    graph = reading(x, "g")
+    replayed(graph._pin, "S1", log)
+    graph.close()
+    assert x.allocation.users == {"S1"}
+    log.waits.clear()
+    eager_write(x, "S2", log)
+    assert log.waits == [("S2", "S1")]

@@ -454,14 +454,15 @@ class CudaBackend:
         Runs from free() and from garbage collection, so it never raises: if the ordering cannot
         be set up (another thread adding a user meanwhile, a stream already gone), it falls back
         to waiting for the whole device, which is slow but never frees memory early."""
-        if self._deferring and (EVERY_THREAD in self._deferring or threading.get_ident() in self._deferring):
+        if self._capturing():
             self._deferred.append((storage, users, borrowed))
             return
         try:
             self.make_current()
             streams = list(users)
             if borrowed:
-                self._graveyard.append(([stream.record() for stream in streams], storage))  # type: ignore[attr-defined]
+                events = [user if isinstance(user, Event) else user.record() for user in streams]  # type: ignore[attr-defined]
+                self._graveyard.append((events, storage))
                 self._bury()
                 return
             for stream in streams:
@@ -577,6 +578,36 @@ class CudaBackend:
         self.make_current()
         with self.driver_call("synchronising the device"):
             self.core.sync()
+
+    def mark(self, stream: object) -> object:
+        """An event recorded on ``stream`` after the work queued on it so far: bookkeeping that
+        keeps it, not the stream, lets the stream go and can drop it once it has passed. The
+        stream itself while this thread captures (recording an event on the capturing stream
+        would put it into the capture; garbage collection closes graphs anywhere), or when the
+        record fails (after a sticky fault): never raises, for it runs from finalizers."""
+        if self._capturing():
+            return stream
+        try:
+            self.keep_current()
+            return stream.record()  # type: ignore[attr-defined]
+        except Exception:
+            return stream
+
+    def finished(self, mark: object) -> bool:
+        """Whether ``mark``'s work has completed: an event that has passed. A stream never counts
+        (more may be queued on it), and nothing is asked while this thread captures, where an
+        event query is one of the calls a capture forbids. Never raises."""
+        if not isinstance(mark, Event) or self._capturing():
+            return False
+        try:
+            return bool(mark.is_done)
+        except Exception:
+            return False
+
+    def _capturing(self) -> bool:
+        """Whether a capture forbids this thread the driver's stream and event calls now."""
+        deferring = self._deferring
+        return bool(deferring) and (EVERY_THREAD in deferring or threading.get_ident() in deferring)
 
     # -- eager ops ------------------------------------------------------------------------
 

@@ -401,6 +401,12 @@ class HostBackend:
     def wait_stream(self, waiter: object, waited: object) -> None:
         pass
 
+    def mark(self, stream: object) -> object:
+        return stream  # host work has finished when it returns: it keeps no stream bookkeeping
+
+    def finished(self, mark: object) -> bool:
+        return False
+
     def sync(self) -> None:
         pass
 
