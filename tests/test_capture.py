@@ -862,3 +862,87 @@ def test_work_left_on_another_stream_is_refused() -> None:
         # ... and is never joined back (region.stream.wait(side) is missing)
 
     _refused(stream, body, "(?s)failed when it ended.*(joined|UNJOINED)")
+
+
+@pytest.mark.sg_cuda
+@pytest.mark.parametrize("where", ["torch capture, other thread", "torch capture, same thread", "region"])
+@pytest.mark.parametrize("action", ["close", "collect", "rebind"])
+def test_a_graph_closed_or_rebound_during_a_capture_leaves_the_capture_valid(where: str, action: str) -> None:
+    """Garbage collection closes graphs anywhere, a capture's thread included, and another thread
+    may rebind or close a graph while PyTorch captures in its default global mode: the capture
+    must survive. (Destroying the executable graph invalidated it; so did the event query of a
+    rebind or a close that drops the marks of replays that have passed, since 58ef565.)"""
+    torch = pytest.importorskip("torch")
+    dev = sg.device("cuda")
+    n = 1 << 12
+    inp, inp2, out = dev.full((n,), 1.0, name="inp"), dev.full((n,), 2.0, name="inp2"), dev.zeros((n,), name="out")
+    with CudaGraph.scope(dev.stream()) as s:
+        s.record(library.axpy_op(out.mut(), inp, 1.0))
+    graphs = {"g": s.graph}
+    del s
+    graphs["g"].launch()
+    graphs["g"].sync()
+    x, z = dev.full((n,), 4.0, name="x"), dev.zeros((n,), name="z")
+    tx, tz = torch.from_dlpack(x), torch.from_dlpack(z)
+    torch.cuda.synchronize()
+
+    def act() -> None:
+        if action == "close":
+            graphs["g"].close()
+        elif action == "collect":
+            graphs.clear()
+            gc.collect()
+        else:
+            graphs["g"].rebind({inp: inp2})
+
+    failures: list[BaseException] = []
+    go, done = threading.Event(), threading.Event()
+
+    def other_thread() -> None:
+        try:
+            go.wait(30)
+            act()
+        except BaseException as exc:  # reported below
+            failures.append(exc)
+        finally:
+            done.set()
+
+    other = threading.Thread(target=other_thread) if where == "torch capture, other thread" else None
+    if other is not None:
+        other.start()
+
+    def inside() -> None:
+        if other is None:
+            act()
+        else:
+            go.set()
+            done.wait(30)
+
+    if where == "region":
+        with (
+            CudaGraph.scope(dev.stream()) as region_scope,
+            region_scope.capture(reads=[x], writes=[z.mut()], via="torch"),
+        ):
+            torch.mul(tx, 2.0, out=tz)
+            inside()
+            torch.add(tz, 1.0, out=tz)
+        with region_scope.graph as g:
+            g.launch()
+            g.sync()
+    else:
+        captured = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(captured):  # capture_error_mode="global", PyTorch's default
+            torch.mul(tx, 2.0, out=tz)
+            inside()
+            torch.add(tz, 1.0, out=tz)
+        captured.replay()
+        torch.cuda.synchronize()
+    if other is not None:
+        other.join(30)
+    assert not failures, failures
+    np.testing.assert_array_equal(z.numpy(), 9.0)
+    if action == "rebind":
+        graphs["g"].launch()
+        graphs["g"].sync()
+        np.testing.assert_array_equal(out.numpy(), 3.0)  # out += inp2 after out = 1.0
+        graphs["g"].close()

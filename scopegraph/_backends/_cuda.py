@@ -167,7 +167,9 @@ class _CudaExecutable:
             raise cuda_error("cuGraphLaunch", exc, describe_work(backend.last_work)) from exc
 
     def close(self) -> None:
-        with contextlib.suppress(Exception):  # after a sticky fault the driver refuses; the process is ending anyway
+        # Garbage collection closes graphs anywhere, also inside a capture (a region's, or another
+        # library's): the executable's destruction must not invalidate it.
+        with contextlib.suppress(Exception), relaxed_capture_mode():  # after a sticky fault the driver refuses
             self.graph.close()
 
     # -- changes (scopegraph._params and _rebind) --------------------------------------------
@@ -582,14 +584,18 @@ class CudaBackend:
     def mark(self, stream: object) -> object:
         """An event recorded on ``stream`` after the work queued on it so far: bookkeeping that
         keeps it, not the stream, lets the stream go and can drop it once it has passed. The
-        stream itself while this thread captures (recording an event on the capturing stream
-        would put it into the capture; garbage collection closes graphs anywhere), or when the
-        record fails (after a sticky fault): never raises, for it runs from finalizers."""
+        stream itself while this thread captures a region or the stream captures (an event
+        recorded there would be part of the capture; garbage collection closes graphs anywhere),
+        or when the record fails (after a sticky fault): never raises, for it runs from finalizers."""
         if self._capturing():
             return stream
         try:
             self.keep_current()
-            return stream.record()  # type: ignore[attr-defined]
+            status, capture = driver.cuStreamIsCapturing(stream.handle)  # type: ignore[attr-defined]
+            if status != driver.CUresult.CUDA_SUCCESS or capture != _NOT_CAPTURING:
+                return stream  # (the legacy stream while another stream captures: an error)
+            with relaxed_capture_mode():
+                return stream.record()  # type: ignore[attr-defined]
         except Exception:
             return stream
 
@@ -600,7 +606,8 @@ class CudaBackend:
         if not isinstance(mark, Event) or self._capturing():
             return False
         try:
-            return bool(mark.is_done)
+            with relaxed_capture_mode():
+                return bool(mark.is_done)
         except Exception:
             return False
 
@@ -1038,4 +1045,25 @@ def _fill_value(pattern: bytes) -> int | bytes:
 _SUCCESS = driver.CUresult.CUDA_SUCCESS
 # The eager fill for each pattern width: (address, value, count of units, stream). The pattern's
 # bytes are in memory order; the driver stores its value in the device's (little-endian) order.
+_NOT_CAPTURING = driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
+
+
+@contextlib.contextmanager
+def relaxed_capture_mode() -> Iterator[None]:
+    """Let this thread make a call that CUDA forbids during a stream capture but that touches no
+    capturing stream: a query of an event recorded outside any capture, the destruction of an
+    executable graph. Another library's capture in CUDA's default global mode (PyTorch's
+    ``torch.cuda.graph``), on any thread, and a capture on this thread, are invalidated by such a
+    call unless this thread is in relaxed mode (PyTorch's allocator does the same around its event
+    queries). cuda.bindings: cuda.core 1.2 has no cuThreadExchangeStreamCaptureMode."""
+    status, previous = driver.cuThreadExchangeStreamCaptureMode(_RELAXED)
+    try:
+        yield
+    finally:
+        if status == driver.CUresult.CUDA_SUCCESS:
+            driver.cuThreadExchangeStreamCaptureMode(previous)
+
+
+_RELAXED = driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
+
 _MEMSET = {1: driver.cuMemsetD8Async, 2: driver.cuMemsetD16Async, 4: driver.cuMemsetD32Async}
