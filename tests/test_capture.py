@@ -946,3 +946,63 @@ def test_a_graph_closed_or_rebound_during_a_capture_leaves_the_capture_valid(whe
         graphs["g"].sync()
         np.testing.assert_array_equal(out.numpy(), 3.0)  # out += inp2 after out = 1.0
         graphs["g"].close()
+
+
+@pytest.mark.sg_cuda
+@pytest.mark.parametrize("thread", ["same thread", "other thread"])
+@pytest.mark.parametrize("tensor", ["dropped", "freed", "read by a closed graph", "a wrapper of a torch tensor"])
+def test_a_tensor_released_during_a_torch_capture_leaves_the_capture_valid(thread: str, tensor: str) -> None:
+    """Garbage collection releases tensors anywhere, also while PyTorch captures (in its default
+    global mode) on this thread or another: the release's stream waits and frees must not
+    invalidate that capture (they did, each one)."""
+    torch = pytest.importorskip("torch")
+    dev = sg.device("cuda")
+    n = 1 << 12
+    owner = torch.ones(n, device="cuda")
+    held = {"t": sg.Tensor.from_dlpack(owner) if tensor == "a wrapper of a torch tensor" else dev.full((n,), 1.0)}
+    if tensor == "read by a closed graph":
+        out = dev.zeros((n,), name="out")
+        with CudaGraph.scope(dev.stream()) as s:
+            s.record(library.axpy_op(out.mut(), held["t"], 1.0))
+        with s.graph as g:
+            g.launch()
+        del s, g
+    x, z = torch.full((n,), 4.0, device="cuda"), torch.zeros(n, device="cuda")
+    torch.cuda.synchronize()
+
+    def release() -> None:
+        if tensor == "freed":
+            held["t"].free()
+        held.clear()
+        gc.collect()
+
+    failures: list[BaseException] = []
+    go, done = threading.Event(), threading.Event()
+
+    def other_thread() -> None:
+        try:
+            go.wait(30)
+            release()
+        except BaseException as exc:  # reported below
+            failures.append(exc)
+        finally:
+            done.set()
+
+    other = threading.Thread(target=other_thread) if thread == "other thread" else None
+    if other is not None:
+        other.start()
+    captured = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(captured):
+        torch.mul(x, 2.0, out=z)
+        if other is None:
+            release()
+        else:
+            go.set()
+            done.wait(30)
+        torch.add(z, 1.0, out=z)
+    captured.replay()
+    torch.cuda.synchronize()
+    if other is not None:
+        other.join(30)
+    assert not failures, failures
+    assert float(z[0]) == 9.0

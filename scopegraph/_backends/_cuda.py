@@ -459,21 +459,25 @@ class CudaBackend:
         if self._capturing():
             self._deferred.append((storage, users, borrowed))
             return
-        try:
-            self.make_current()
-            streams = list(users)
-            if borrowed:
-                events = [user if isinstance(user, Event) else user.record() for user in streams]  # type: ignore[attr-defined]
-                self._graveyard.append((events, storage))
-                self._bury()
-                return
-            for stream in streams:
-                self.memory_stream.wait(stream)  # type: ignore[arg-type]
-        except Exception:
-            with contextlib.suppress(Exception):  # after a sticky fault nothing works; the process is ending
-                self.core.sync()
-        with contextlib.suppress(Exception):
-            storage.close(self.memory_stream)  # type: ignore[attr-defined]
+        # Relaxed: garbage collection frees anywhere, also while another library captures
+        # (PyTorch's torch.cuda.graph), whose capture these calls, on streams it does not capture,
+        # would otherwise invalidate.
+        with relaxed_capture_mode():
+            try:
+                self.make_current()
+                streams = list(users)
+                if borrowed:
+                    events = [user if isinstance(user, Event) else user.record() for user in streams]  # type: ignore[attr-defined]
+                    self._graveyard.append((events, storage))
+                    self._bury()
+                    return
+                for stream in streams:
+                    self.memory_stream.wait(stream)  # type: ignore[arg-type]
+            except Exception:
+                with contextlib.suppress(Exception):  # after a sticky fault nothing works; the process is ending
+                    self.core.sync()
+            with contextlib.suppress(Exception):
+                storage.close(self.memory_stream)  # type: ignore[attr-defined]
 
     def defer_frees(self, every_thread: bool = False) -> int:
         """While this thread captures foreign work (a captured region), memory that garbage
@@ -1056,12 +1060,16 @@ def relaxed_capture_mode() -> Iterator[None]:
     ``torch.cuda.graph``), on any thread, and a capture on this thread, are invalidated by such a
     call unless this thread is in relaxed mode (PyTorch's allocator does the same around its event
     queries). cuda.bindings: cuda.core 1.2 has no cuThreadExchangeStreamCaptureMode."""
-    status, previous = driver.cuThreadExchangeStreamCaptureMode(_RELAXED)
+    try:  # never raises: finalizers use it
+        status, previous = driver.cuThreadExchangeStreamCaptureMode(_RELAXED)
+    except Exception:
+        status = previous = None
     try:
         yield
     finally:
         if status == driver.CUresult.CUDA_SUCCESS:
-            driver.cuThreadExchangeStreamCaptureMode(previous)
+            with contextlib.suppress(Exception):
+                driver.cuThreadExchangeStreamCaptureMode(previous)
 
 
 _RELAXED = driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
