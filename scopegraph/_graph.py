@@ -130,6 +130,8 @@ class CudaGraph:
             )
         if stream.recording is not None:
             stream.check_not_recording(f"launch graph #{self.id}")
+        if stream.foreign:
+            stream.check_not_captured(f"launch graph #{self.id}")
         with self._lock:
             exe = self._exec  # again, under the lock: recording into the graph may replace it
             if exe is None:

@@ -14,6 +14,7 @@ stream wait for the work queued on the tensor's memory.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import numpy as np
@@ -142,9 +143,14 @@ def _wrap_device(obj: Any, name: str | None, stream: Stream | None) -> Tensor:
             )
         )
     consumer = stream if stream is not None else device(f"cuda:{index or 0}").setup_stream
-    view = StridedMemoryView.from_any_interface(obj, stream_ptr=int(consumer.native.handle))  # type: ignore[attr-defined]
-    if stream is None:
-        consumer.sync()
+    if _torch_captures(obj):
+        # PyTorch synchronises the device before its capture begins, and nothing it captures runs
+        # now: there is nothing to wait for, and a wait would join `consumer` to its capture.
+        view = StridedMemoryView.from_any_interface(obj, stream_ptr=-1)
+    else:
+        view = StridedMemoryView.from_any_interface(obj, stream_ptr=int(consumer.native.handle))  # type: ignore[attr-defined]
+        if stream is None:
+            consumer.sync()
     dtype = as_dtype(view.dtype)
     shape = tuple(view.shape)
     strides = view.strides
@@ -165,6 +171,15 @@ def _wrap_device(obj: Any, name: str | None, stream: Stream | None) -> Tensor:
         note_eager_use(imported, stream.native, dev.backend)
         queued_on(imported, stream.native)
     return tensor.freeze() if view.readonly else tensor  # read-only memory is frozen memory
+
+
+def _torch_captures(obj: Any) -> bool:
+    """Whether ``obj`` is a PyTorch tensor and PyTorch captures a CUDA graph on its current stream
+    (``torch.cuda.graph``, ``torch.compile(mode="reduce-overhead")``)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(obj, torch.Tensor):
+        return False
+    return bool(torch.cuda.is_current_stream_capturing())
 
 
 def _cai_device(obj: Any) -> int | None:

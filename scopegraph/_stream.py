@@ -47,7 +47,7 @@ def _key(device: Device, native: object) -> tuple[int, int]:
 class Stream:
     """An ordered queue of work on one device. ``run`` executes any op eagerly, in stream order."""
 
-    __slots__ = ("__weakref__", "device", "id", "last_work", "native", "recording")
+    __slots__ = ("__weakref__", "device", "foreign", "id", "last_work", "native", "recording")
 
     def __init__(self, device: Device, native: object) -> None:
         self.device = device
@@ -58,6 +58,8 @@ class Stream:
         self.id = next(_stream_ids)
         # What was last submitted here (an op's name, or a graph's id), named if the GPU faults later.
         self.last_work: str | int = ""
+        # Another library's stream (from_handle), which that library may capture into its own graph.
+        self.foreign = False
         if native is not None:
             with _by_handle_lock:
                 _by_handle.setdefault(_key(device, native), self)
@@ -99,10 +101,29 @@ class Stream:
             )
         )
 
+    def check_not_captured(self, what: str) -> None:
+        """Refuse work on another library's stream while that library captures it into a CUDA graph
+        (PyTorch's ``torch.cuda.graph``, ``torch.compile(mode="reduce-overhead")``): the work would
+        become part of a graph whose replays scopegraph never sees."""
+        if self.device.backend.captures(self.native):
+            raise ScopeStateError(
+                diagnostic(
+                    f"cannot {what} on stream #{self.id}: another library is capturing it into a CUDA graph",
+                    [
+                        "the work would become part of that graph, whose replays scopegraph does not see: it could "
+                        "neither keep their memory alive nor order them after its own work"
+                    ],
+                    help="run it before or after the capture, or record it into a scopegraph graph "
+                    "(CudaGraph.scope) and launch that outside the capture",
+                )
+            )
+
     def run(self, op: Op[R]) -> R:
         """Execute ``op`` now, in stream order. Allocation ops return their new Tensor."""
         if self.recording is not None:
             self.check_not_recording(f"run `{getattr(op, 'name', type(op).__name__)}`")
+        if self.foreign:
+            self.check_not_captured(f"run `{getattr(op, 'name', type(op).__name__)}`")
         if isinstance(op, GraphNode):
             check_runnable(op, self)
         elif not isinstance(op, Op):
@@ -171,7 +192,11 @@ class Stream:
         key = _key(dev, native)
         with _by_handle_lock:  # one Stream, also when two threads wrap the stream at once
             known = _by_handle.get(key)
-            return known if known is not None else Stream(dev, native)  # which registers itself
+            if known is not None:
+                return known
+            wrapped = Stream(dev, native)  # which registers itself
+            wrapped.foreign = True
+            return wrapped
 
 
 def _check_protocol(obj: Any) -> None:

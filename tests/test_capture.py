@@ -1006,3 +1006,62 @@ def test_a_tensor_released_during_a_torch_capture_leaves_the_capture_valid(threa
         other.join(30)
     assert not failures, failures
     assert float(z[0]) == 9.0
+
+
+def test_work_on_a_foreign_stream_that_another_library_captures_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Eager work and graph launches on another library's stream while that library captures it
+    (PyTorch's torch.cuda.graph) are refused before anything is queued or noted: they would become
+    part of a graph whose replays scopegraph never sees. (On a GPU the capture status comes from
+    the driver; here the backend is told.)"""
+    dev = sg.device("host")
+    x = dev.zeros((4,), name="x")
+    with CudaGraph.scope(dev.stream()) as s:
+        s.record(sg.memset(x.mut(), 2.0))
+    foreign = dev.stream()
+    foreign.foreign = True  # as Stream.from_handle makes it
+    monkeypatch.setattr(dev.backend, "captures", lambda native: True)
+    with pytest.raises(sg.ScopeStateError, match="another library is capturing it") as info:
+        foreign.run(sg.memset(x.mut(), 1.0))
+    assert "run `memset`" in str(info.value) and "help: run it before or after the capture" in str(info.value)
+    with pytest.raises(sg.ScopeStateError, match=f"cannot launch graph #{s.graph.id} on stream"):
+        s.graph.launch(stream=foreign)
+    np.testing.assert_array_equal(x.numpy(), 0.0)  # nothing ran
+    monkeypatch.setattr(dev.backend, "captures", lambda native: False)  # the capture has ended
+    foreign.run(sg.memset(x.mut(), 1.0))
+    s.graph.launch(stream=foreign)
+    np.testing.assert_array_equal(x.numpy(), 2.0)
+    s.graph.close()
+
+
+@pytest.mark.sg_cuda
+def test_scopegraph_tensors_cross_into_and_out_of_a_torch_capture() -> None:
+    """Inside PyTorch's capture (its default global mode): torch.from_dlpack of a scopegraph tensor
+    and sg.Tensor.from_dlpack of a torch tensor work and leave the capture valid (each made a
+    stream wait that invalidated it), and eager work or a graph launch on the capturing stream is
+    a ScopeStateError, after which the capture still completes."""
+    torch = pytest.importorskip("torch")
+    dev = sg.device("cuda")
+    n = 1 << 12
+    t = dev.full((n,), 3.0, name="t")
+    dev.stream().run(library.add_scalar_op(t.mut(), 1.0))  # t = 4, eager work queued on a side stream
+    x, z = torch.full((n,), 4.0, device="cuda"), torch.zeros(n, device="cuda")
+    with CudaGraph.scope(dev.stream()) as s:
+        s.record(library.add_scalar_op(t.mut(), 0.0))
+    captured = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(captured):
+        torch.mul(x, 2.0, out=z)
+        z.add_(torch.from_dlpack(t))  # z = 8 + 4
+        wrapped = sg.Tensor.from_dlpack(z)
+        capturing = sg.Stream.from_handle(torch.cuda.current_stream())
+        with pytest.raises(sg.ScopeStateError, match="another library is capturing it"):
+            capturing.run(library.add_scalar_op(wrapped.mut(), 100.0))
+        with pytest.raises(sg.ScopeStateError, match="another library is capturing it"):
+            s.graph.launch(stream=capturing)
+        z.add_(1.0)
+    captured.replay()
+    torch.cuda.synchronize()
+    assert float(z[0]) == 13.0 and wrapped.shape == (n,)
+    capturing.run(library.add_scalar_op(wrapped.mut(), 1.0))  # the capture has ended
+    capturing.sync()
+    assert float(z[0]) == 14.0
+    s.graph.close()

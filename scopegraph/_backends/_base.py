@@ -70,6 +70,9 @@ class Backend(Protocol):
     def mark(self, stream: object) -> object: ...
     def finished(self, mark: object) -> bool: ...
 
+    # whether another library captures the stream into a CUDA graph now (Stream.check_not_captured)
+    def captures(self, stream: object) -> bool: ...
+
     # eager ops
     def prepare(self, op: GraphNode) -> None:
         """Check (and on CUDA, compile) an op before it is run or recorded."""

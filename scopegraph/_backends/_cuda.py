@@ -595,13 +595,20 @@ class CudaBackend:
             return stream
         try:
             self.keep_current()
-            status, capture = driver.cuStreamIsCapturing(stream.handle)  # type: ignore[attr-defined]
-            if status != driver.CUresult.CUDA_SUCCESS or capture != _NOT_CAPTURING:
-                return stream  # (the legacy stream while another stream captures: an error)
+            if self.captures(stream):
+                return stream
             with relaxed_capture_mode():
                 return stream.record()  # type: ignore[attr-defined]
         except Exception:
             return stream
+
+    def captures(self, stream: object) -> bool:
+        """Whether ``stream`` is being captured into a CUDA graph now; also True where the driver
+        cannot tell (the legacy default stream while another stream captures: work there would
+        synchronise with the capture, which invalidates it). cuda.bindings: cuda.core 1.2 has no
+        capture status of a stream."""
+        status, capture = driver.cuStreamIsCapturing(stream.handle)  # type: ignore[attr-defined]
+        return bool(status != driver.CUresult.CUDA_SUCCESS or capture != _NOT_CAPTURING)
 
     def finished(self, mark: object) -> bool:
         """Whether ``mark``'s work has completed: an event that has passed. A stream never counts
@@ -890,6 +897,15 @@ class CudaBackend:
         else:
             self.core.sync()
 
+    def _finish_queued_work(self, alloc: Allocation) -> None:
+        """Wait on the host for the work queued on ``alloc``'s memory, during another library's
+        capture: relaxed (a synchronisation is a call the capture forbids, but it touches no
+        capturing stream), and not for streams being captured, whose work does not run now."""
+        with relaxed_capture_mode(), self.driver_call("waiting for the work on exported memory"):
+            for user in self._users_of(alloc):
+                if isinstance(user, Event) or not self.captures(user):
+                    user.sync()  # type: ignore[attr-defined]
+
     def ready_stream(self, alloc: Allocation) -> int | None:
         """A stream on which all work queued on ``alloc`` is complete, for ``__cuda_array_interface__``."""
         users = self._users_of(alloc)
@@ -912,8 +928,14 @@ class CudaBackend:
             options = {**options, "copy": None}
         if stream is not None and stream != -1:
             consumer = CoreStream.from_handle(stream)
-            for user in self._users_of(tensor.allocation):
-                self.wait_stream(consumer, user)
+            if self.captures(consumer):
+                # Another library captures there (torch.from_dlpack(t) inside torch.cuda.graph):
+                # nothing it captures runs now, and its capture cannot wait for work outside it, so
+                # the work queued on the memory is waited for here, on the host, once.
+                self._finish_queued_work(tensor.allocation)
+            else:
+                for user in self._users_of(tensor.allocation):
+                    self.wait_stream(consumer, user)
         elif stream is None:  # DLPack's None: the consumer gives no stream, so the data must be complete
             self._settle(tensor.allocation, self.memory_stream)
             self.memory_stream.sync()

@@ -407,6 +407,9 @@ class HostBackend:
     def finished(self, mark: object) -> bool:
         return False
 
+    def captures(self, stream: object) -> bool:
+        return False
+
     def sync(self) -> None:
         pass
 
