@@ -344,16 +344,6 @@ def _drop_capture_stream(backend: Any) -> None:
         streams.pop(id(backend), None)
 
 
-def is_capturing(native_stream: Any) -> bool:
-    """Whether a cuda.core stream is capturing (cuda.bindings: cuda.core has no query for it)."""
-    from cuda.bindings import driver
-
-    err, status = driver.cuStreamIsCapturing(driver.CUstream(int(native_stream.handle)))
-    return bool(
-        err == driver.CUresult.CUDA_SUCCESS and status != driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
-    )
-
-
 def node_types(graph_handle: Any) -> list[str]:
     """The driver's node types of a CUgraph, child graphs looked into (cuda.bindings: cuda.core
     cannot wrap a graph it did not make, such as PyTorch's)."""

@@ -130,8 +130,8 @@ class CudaGraph:
             )
         if stream.recording is not None:
             stream.check_not_recording(f"launch graph #{self.id}")
-        if stream.foreign:
-            stream.check_not_captured(f"launch graph #{self.id}")
+        if stream.foreign and stream.captured:
+            raise stream.captured_error(f"launch graph #{self.id}")
         with self._lock:
             exe = self._exec  # again, under the lock: recording into the graph may replace it
             if exe is None:
@@ -169,6 +169,8 @@ class CudaGraph:
         stream = self._stream
         if stream.recording is not None:
             stream.check_not_recording(f"update graph #{self.id}")
+        if stream.foreign and stream.captured:  # before the wait below, which would join the capture
+            raise stream.captured_error(f"update graph #{self.id}")
         with self._lock:
             if self._exec is None:  # closed by another thread since the check above
                 raise self._closed_error("update")

@@ -130,7 +130,7 @@ class Pin:
     def release(self) -> None:
         """Unpin; the memory's eventual release waits for every replay of this holder, and eager
         work on it from other streams for the last one (``Allocation.closed_replays``)."""
-        marks = ReplayMarks(self)
+        marks = ReplayMarks()
         for alloc in self.allocations.values():
             self.let_go(alloc, marks)
         self.allocations = {}
@@ -146,9 +146,11 @@ class Pin:
         self.hand_on(alloc, alloc.id in self.written, marks)
         last = self.last_stream
         if last is not None:
-            key = marks.of(last)
+            backend = alloc.device.backend
+            key = marks.of(backend, last)
+            passed = {m for m in list(alloc.closed_replays or ()) if marks.passed(backend, m)}  # (not under the lock)
             with PENDING:  # one writer at a time (two graphs closed at once), and a new dict each time
-                closed = {m: caught for m, caught in (alloc.closed_replays or {}).items() if not marks.passed(m)}
+                closed = {m: caught for m, caught in (alloc.closed_replays or {}).items() if m not in passed}
                 earlier = closed.get(key)  # another graph's last replay on that stream (unmarked), before or after
                 # Caught up with each: a stream that waited for one of them only waits again.
                 closed[key] = set(self.caught_up) if earlier is None else earlier & self.caught_up
@@ -166,9 +168,10 @@ class Pin:
         passed: a long-lived tensor (weights, a device's scratch token) used by many graphs, each
         closed in turn, would otherwise keep every stream they ran on alive, and a new graph's
         first replay would wait on them all."""
+        backend = alloc.device.backend
         users = alloc.users  # changed in place: its release (``track``) holds this set
-        users.update(marks.of(stream) for stream in list(self.replayed_on))
-        users.difference_update([user for user in list(users) if marks.passed(user)])
+        users.update(marks.of(backend, stream) for stream in list(self.replayed_on))
+        users.difference_update([user for user in list(users) if marks.passed(backend, user)])
         last = self.last_stream
         if last is None:
             return
@@ -178,7 +181,7 @@ class Pin:
                 wrote or alloc.id in other.written or (other.recording and other.writes_to(alloc.address, end))
             ):
                 with PENDING:
-                    other.pending.add(marks.of(last))
+                    other.pending.add(marks.of(backend, last))
 
 
 class ReplayMarks:
@@ -188,27 +191,23 @@ class ReplayMarks:
     marks are made when the holder lets go, so they cover every replay so far; a holder that stays
     (re-pinned) tracks its later replays itself."""
 
-    __slots__ = ("_backend", "_made", "_passed")
+    __slots__ = ("_made", "_passed")
 
-    def __init__(self, pin: Pin) -> None:
-        held = next(iter(pin.allocations.values()), None)
-        self._backend = held.device.backend if held is not None else None
+    def __init__(self) -> None:
         self._made: dict[object, object] = {}
         self._passed: dict[object, bool] = {}
 
-    def of(self, stream: object) -> object:
+    def of(self, backend: Backend, stream: object) -> object:
         mark = self._made.get(stream)
         if mark is None:
-            mark = self._made[stream] = stream if self._backend is None else self._backend.mark(stream)
+            mark = self._made[stream] = backend.mark(stream)
         return mark
 
-    def passed(self, mark: object) -> bool:
+    def passed(self, backend: Backend, mark: object) -> bool:
         """Whether ``mark``'s work has completed (a stream never has: more may be queued on it)."""
-        if self._backend is None:
-            return False
         known = self._passed.get(mark)
         if known is None:
-            known = self._passed[mark] = self._backend.finished(mark)
+            known = self._passed[mark] = backend.finished(mark)
         return known
 
 
@@ -277,7 +276,7 @@ def repin(pin: Pin, borrows: Iterable[Borrow]) -> None:
         for a in alloc.aliases() if len(alloc.region.members) > 1 else (alloc,):
             held[a.id] = a
     key = id(pin)
-    marks = ReplayMarks(pin)
+    marks = ReplayMarks()
     for aid, a in pin.allocations.items():
         if aid not in held:
             pin.let_go(a, marks)

@@ -39,15 +39,14 @@ _by_handle_lock = threading.RLock()  # Stream() registers itself under it too
 PER_THREAD_DEFAULT_STREAM = 2  # cudaStreamPerThread's handle
 
 
-def _key(device: Device, native: object) -> tuple[int, int]:
-    handle = int(native.__cuda_stream__()[1])  # type: ignore[attr-defined]
+def _key(device: Device, handle: int) -> tuple[int, int]:
     return (device.index, 0 if handle in (0, 1) else handle)
 
 
 class Stream:
     """An ordered queue of work on one device. ``run`` executes any op eagerly, in stream order."""
 
-    __slots__ = ("__weakref__", "device", "foreign", "id", "last_work", "native", "recording")
+    __slots__ = ("__weakref__", "device", "foreign", "handle", "id", "last_work", "native", "recording")
 
     def __init__(self, device: Device, native: object) -> None:
         self.device = device
@@ -60,9 +59,11 @@ class Stream:
         self.last_work: str | int = ""
         # Another library's stream (from_handle), which that library may capture into its own graph.
         self.foreign = False
+        # The raw cudaStream_t (0 on the host backend), read once: cuda.core makes an object per read.
+        self.handle = int(native.__cuda_stream__()[1]) if native is not None else 0  # type: ignore[attr-defined]
         if native is not None:
             with _by_handle_lock:
-                _by_handle.setdefault(_key(device, native), self)
+                _by_handle.setdefault(_key(device, self.handle), self)
 
     # One Stream per CUDA stream (see from_handle): a copy is the stream itself.
     def __copy__(self) -> Stream:
@@ -101,29 +102,34 @@ class Stream:
             )
         )
 
-    def check_not_captured(self, what: str) -> None:
-        """Refuse work on another library's stream while that library captures it into a CUDA graph
-        (PyTorch's ``torch.cuda.graph``, ``torch.compile(mode="reduce-overhead")``): the work would
-        become part of a graph whose replays scopegraph never sees."""
-        if self.device.backend.captures(self.native):
-            raise ScopeStateError(
-                diagnostic(
-                    f"cannot {what} on stream #{self.id}: another library is capturing it into a CUDA graph",
-                    [
-                        "the work would become part of that graph, whose replays scopegraph does not see: it could "
-                        "neither keep their memory alive nor order them after its own work"
-                    ],
-                    help="run it before or after the capture, or record it into a scopegraph graph "
-                    "(CudaGraph.scope) and launch that outside the capture",
-                )
+    @property
+    def captured(self) -> bool:
+        """Whether another library captures this stream into a CUDA graph now (PyTorch's
+        ``torch.cuda.graph``, ``torch.compile(mode="reduce-overhead")``): work on it then is
+        refused (``captured_error``), as it would become part of a graph whose replays scopegraph
+        never sees. Only another library's stream (``from_handle``) is asked: the hot paths test
+        ``foreign`` first."""
+        return self.foreign and self.device.backend.captures(self.handle)
+
+    def captured_error(self, what: str) -> ScopeStateError:
+        return ScopeStateError(
+            diagnostic(
+                f"cannot {what} on stream #{self.id}: another library is capturing it into a CUDA graph",
+                [
+                    "the work would become part of that graph, whose replays scopegraph does not see: it could "
+                    "neither keep their memory alive nor order them after its own work"
+                ],
+                help="run it before or after the capture, or record it into a scopegraph graph "
+                "(CudaGraph.scope) and launch that outside the capture",
             )
+        )
 
     def run(self, op: Op[R]) -> R:
         """Execute ``op`` now, in stream order. Allocation ops return their new Tensor."""
         if self.recording is not None:
             self.check_not_recording(f"run `{getattr(op, 'name', type(op).__name__)}`")
-        if self.foreign:
-            self.check_not_captured(f"run `{getattr(op, 'name', type(op).__name__)}`")
+        if self.foreign and self.captured:
+            raise self.captured_error(f"run `{getattr(op, 'name', type(op).__name__)}`")
         if isinstance(op, GraphNode):
             check_runnable(op, self)
         elif not isinstance(op, Op):
@@ -189,7 +195,7 @@ class Stream:
                     "help: leave device= out (it is found from the stream)"
                 )
             dev = get_device(f"cuda:{index}")
-        key = _key(dev, native)
+        key = _key(dev, int(native.__cuda_stream__()[1]))  # type: ignore[attr-defined]
         with _by_handle_lock:  # one Stream, also when two threads wrap the stream at once
             known = _by_handle.get(key)
             if known is not None:

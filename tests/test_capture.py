@@ -20,7 +20,6 @@ import pytest
 
 import scopegraph as sg
 from scopegraph import CudaGraph, _capture, library
-from scopegraph._capture import is_capturing
 
 from .helpers import assert_stream_usable, cupy_on
 
@@ -778,7 +777,7 @@ def _refused(stream: sg.Stream, body: Any, match: str, via: str = "cuda", views:
             body(region, x, y, *extra)
     from scopegraph._capture import capture_stream
 
-    assert not is_capturing(capture_stream(dev.backend))
+    assert not dev.backend.captures(int(capture_stream(dev.backend).handle))
     assert_stream_usable(stream)
 
 
@@ -1037,30 +1036,44 @@ def test_work_on_a_foreign_stream_that_another_library_captures_is_refused(monke
 def test_scopegraph_tensors_cross_into_and_out_of_a_torch_capture() -> None:
     """Inside PyTorch's capture (its default global mode): torch.from_dlpack of a scopegraph tensor
     and sg.Tensor.from_dlpack of a torch tensor work and leave the capture valid (each made a
-    stream wait that invalidated it), and eager work or a graph launch on the capturing stream is
-    a ScopeStateError, after which the capture still completes."""
+    stream wait that invalidated it); eager work, a graph launch or a graph.update on the stream
+    being captured is a ScopeStateError, after which the capture still completes; and a tensor
+    that eager work used on that stream before the capture, dropped during it, is freed once the
+    capture has ended (its release's wait would have joined the capture)."""
     torch = pytest.importorskip("torch")
     dev = sg.device("cuda")
     n = 1 << 12
+    side = torch.cuda.Stream()
+    capturing = sg.Stream.from_handle(side)
     t = dev.full((n,), 3.0, name="t")
     dev.stream().run(library.add_scalar_op(t.mut(), 1.0))  # t = 4, eager work queued on a side stream
+    used = {"u": dev.zeros((n,), name="u")}
+    capturing.run(library.add_scalar_op(used["u"].mut(), 1.0))  # eager work on the stream torch will capture
     x, z = torch.full((n,), 4.0, device="cuda"), torch.zeros(n, device="cuda")
-    with CudaGraph.scope(dev.stream()) as s:
+    with CudaGraph.scope(capturing) as s:
         s.record(library.add_scalar_op(t.mut(), 0.0))
+    s.graph.launch(stream=dev.stream())  # last launched elsewhere: an update would wait for it
+    s.graph.sync()
     captured = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(captured):
+    with torch.cuda.graph(captured, stream=side):
         torch.mul(x, 2.0, out=z)
         z.add_(torch.from_dlpack(t))  # z = 8 + 4
         wrapped = sg.Tensor.from_dlpack(z)
-        capturing = sg.Stream.from_handle(torch.cuda.current_stream())
         with pytest.raises(sg.ScopeStateError, match="another library is capturing it"):
             capturing.run(library.add_scalar_op(wrapped.mut(), 100.0))
         with pytest.raises(sg.ScopeStateError, match="another library is capturing it"):
             s.graph.launch(stream=capturing)
+        with pytest.raises(sg.ScopeStateError, match="another library is capturing it"):
+            s.graph.update(library.add_scalar_op(t.mut(), 100.0))
+        used.clear()
+        gc.collect()  # u's release waits for `side`, which is being captured: held back
         z.add_(1.0)
     captured.replay()
     torch.cuda.synchronize()
     assert float(z[0]) == 13.0 and wrapped.shape == (n,)
+    assert dev.backend._deferred  # type: ignore[attr-defined]
+    dev.zeros((1,))  # the next allocation frees what the capture held back
+    assert not dev.backend._deferred  # type: ignore[attr-defined]
     capturing.run(library.add_scalar_op(wrapped.mut(), 1.0))  # the capture has ended
     capturing.sync()
     assert float(z[0]) == 14.0

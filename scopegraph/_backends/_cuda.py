@@ -446,6 +446,8 @@ class CudaBackend:
     def allocate(self, nbytes: int) -> tuple[object, int]:
         self.make_current()
         self._bury()
+        if self._deferred and not self._capturing():
+            self._free_deferred()  # those a capture of another library held back, once it has ended
         with self.driver_call(f"allocating {nbytes} bytes on cuda:{self.core.device_id}"):
             buf = self.core.allocate(max(nbytes, 1), stream=self.allocation_stream)
             self.allocation_stream.sync()
@@ -456,7 +458,7 @@ class CudaBackend:
         Runs from free() and from garbage collection, so it never raises: if the ordering cannot
         be set up (another thread adding a user meanwhile, a stream already gone), it falls back
         to waiting for the whole device, which is slow but never frees memory early."""
-        if self._capturing():
+        if self._capturing() or self._captured_users(users):
             self._deferred.append((storage, users, borrowed))
             return
         # Relaxed: garbage collection frees anywhere, also while another library captures
@@ -498,14 +500,28 @@ class CudaBackend:
                 self._deferring[thread] = left
                 return
             self._deferring.pop(thread, None)
-        # Each queued free once: retire queues it again while another capture still forbids it
-        # (a global one, or the one of the thread that queued it, if that thread drains).
+        self._free_deferred()
+
+    def _free_deferred(self) -> None:
+        """Retire what was queued while a capture forbade it. Each once: retire queues it again
+        while a capture still forbids it (a global one, the one of the thread that queued it if
+        that thread drains, or another library's of a stream that used the memory)."""
         for _ in range(len(self._deferred)):
             try:  # another thread whose capture ended may drain the queue at the same time
                 storage, users, borrowed = self._deferred.popleft()
             except IndexError:
                 return
             self.retire(storage, users, borrowed)
+
+    def _captured_users(self, users: set[object]) -> bool:
+        """Whether a stream that used the memory is being captured by another library now (the
+        user's eager work or a replay on PyTorch's capture stream before its capture began): a
+        wait for it, or an event recorded on it, would join the capture; the free waits until
+        the capture has ended. Never raises (retire runs from finalizers)."""
+        try:
+            return any(not isinstance(user, Event) and self.captures(int(user.handle)) for user in list(users))  # type: ignore[attr-defined]
+        except Exception:
+            return False
 
     def _bury(self) -> None:
         """Drop the foreign owners whose users have finished."""
@@ -595,20 +611,23 @@ class CudaBackend:
             return stream
         try:
             self.keep_current()
-            if self.captures(stream):
+            if self.captures(int(stream.handle)):  # type: ignore[attr-defined]
                 return stream
             with relaxed_capture_mode():
                 return stream.record()  # type: ignore[attr-defined]
         except Exception:
             return stream
 
-    def captures(self, stream: object) -> bool:
-        """Whether ``stream`` is being captured into a CUDA graph now; also True where the driver
-        cannot tell (the legacy default stream while another stream captures: work there would
-        synchronise with the capture, which invalidates it). cuda.bindings: cuda.core 1.2 has no
+    def captures(self, handle: int) -> bool:
+        """Whether the stream ``handle`` (a raw cudaStream_t) is being captured into a CUDA graph
+        now; also True for the legacy default stream while another stream captures (work there
+        would synchronise with the capture, which invalidates it). Another failure of the query
+        says False: the work that follows reports it. cuda.bindings: cuda.core 1.2 has no
         capture status of a stream."""
-        status, capture = driver.cuStreamIsCapturing(stream.handle)  # type: ignore[attr-defined]
-        return bool(status != driver.CUresult.CUDA_SUCCESS or capture != _NOT_CAPTURING)
+        status, capture = driver.cuStreamIsCapturing(handle)
+        if status == _SUCCESS:
+            return bool(capture != _NOT_CAPTURING)
+        return bool(status == _CAPTURE_IMPLICIT)
 
     def finished(self, mark: object) -> bool:
         """Whether ``mark``'s work has completed: an event that has passed. A stream never counts
@@ -900,10 +919,12 @@ class CudaBackend:
     def _finish_queued_work(self, alloc: Allocation) -> None:
         """Wait on the host for the work queued on ``alloc``'s memory, during another library's
         capture: relaxed (a synchronisation is a call the capture forbids, but it touches no
-        capturing stream), and not for streams being captured, whose work does not run now."""
+        capturing stream). Not for a stream being captured, which cannot be waited for: what
+        was queued there before its capture began is left to the capturing library (PyTorch
+        synchronises the device before it begins)."""
         with relaxed_capture_mode(), self.driver_call("waiting for the work on exported memory"):
             for user in self._users_of(alloc):
-                if isinstance(user, Event) or not self.captures(user):
+                if isinstance(user, Event) or not self.captures(int(user.handle)):  # type: ignore[attr-defined]
                     user.sync()  # type: ignore[attr-defined]
 
     def ready_stream(self, alloc: Allocation) -> int | None:
@@ -928,7 +949,7 @@ class CudaBackend:
             options = {**options, "copy": None}
         if stream is not None and stream != -1:
             consumer = CoreStream.from_handle(stream)
-            if self.captures(consumer):
+            if self.captures(stream):
                 # Another library captures there (torch.from_dlpack(t) inside torch.cuda.graph):
                 # nothing it captures runs now, and its capture cannot wait for work outside it, so
                 # the work queued on the memory is waited for here, on the host, once.
@@ -1072,6 +1093,7 @@ _SUCCESS = driver.CUresult.CUDA_SUCCESS
 # The eager fill for each pattern width: (address, value, count of units, stream). The pattern's
 # bytes are in memory order; the driver stores its value in the device's (little-endian) order.
 _NOT_CAPTURING = driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
+_CAPTURE_IMPLICIT = driver.CUresult.CUDA_ERROR_STREAM_CAPTURE_IMPLICIT
 
 
 @contextlib.contextmanager

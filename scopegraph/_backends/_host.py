@@ -407,7 +407,7 @@ class HostBackend:
     def finished(self, mark: object) -> bool:
         return False
 
-    def captures(self, stream: object) -> bool:
+    def captures(self, handle: int) -> bool:
         return False
 
     def sync(self) -> None:
