@@ -148,9 +148,10 @@ def _wrap_device(obj: Any, name: str | None, stream: Stream | None) -> Tensor:
         # now: there is nothing to wait for, and a wait would join `consumer` to its capture.
         view = StridedMemoryView.from_any_interface(obj, stream_ptr=-1)
     else:
-        view = StridedMemoryView.from_any_interface(obj, stream_ptr=consumer.handle)
-        if stream is None:
-            consumer.sync()
+        with consumer.device.backend.relaxed():  # (another thread's capture stays valid)
+            view = StridedMemoryView.from_any_interface(obj, stream_ptr=consumer.handle)
+            if stream is None:
+                consumer.sync()
     dtype = as_dtype(view.dtype)
     shape = tuple(view.shape)
     strides = view.strides

@@ -141,6 +141,8 @@ class Stream:
 
     def sync(self) -> None:
         """Wait for all work submitted to this stream."""
+        if self.foreign and self.captured:
+            raise self.captured_error("synchronise")
         self.device.backend.sync_stream(self)
 
     @staticmethod

@@ -1045,6 +1045,7 @@ def test_scopegraph_tensors_cross_into_and_out_of_a_torch_capture() -> None:
     n = 1 << 12
     side = torch.cuda.Stream()
     capturing = sg.Stream.from_handle(side)
+    assert capturing.handle == side.cuda_stream and capturing.foreign and not dev.stream().foreign
     t = dev.full((n,), 3.0, name="t")
     dev.stream().run(library.add_scalar_op(t.mut(), 1.0))  # t = 4, eager work queued on a side stream
     used = {"u": dev.zeros((n,), name="u")}
@@ -1078,3 +1079,91 @@ def test_scopegraph_tensors_cross_into_and_out_of_a_torch_capture() -> None:
     capturing.sync()
     assert float(z[0]) == 14.0
     s.graph.close()
+
+
+@pytest.mark.sg_cuda
+def test_work_ordered_after_a_stream_that_pytorch_then_captures_runs() -> None:
+    """A graph replayed on a PyTorch stream S, then PyTorch captures on S: scopegraph's later work
+    on its own stream, which waits for that replay, must run, not join the capture. (The wait on S
+    joined scopegraph's stream to the capture: the next eager op was captured, never ran, and the
+    capture ended with unjoined work.)"""
+    torch = pytest.importorskip("torch")
+    dev = sg.device("cuda")
+    own, side = dev.stream(), torch.cuda.Stream()
+    t = dev.full((1024,), 1.0, name="t")
+    with CudaGraph.scope(own) as s:
+        s.record(library.add_scalar_op(t.mut(), 1.0))
+    s.graph.launch(stream=sg.Stream.from_handle(side))  # t = 2, the last replay on S
+    torch.cuda.synchronize()
+    x, z = torch.full((1024,), 4.0, device="cuda"), torch.zeros(1024, device="cuda")
+    captured = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(captured, stream=side):
+        torch.mul(x, 2.0, out=z)
+        own.run(library.add_scalar_op(t.mut(), 1.0))  # t = 3: waits for the replay on S first
+        s.graph.launch()  # t = 4
+        s.graph.update(library.add_scalar_op(t.mut(), 10.0))  # t = 14
+        own.sync()
+        z.add_(1.0)
+    captured.replay()
+    torch.cuda.synchronize()
+    assert float(z[0]) == 9.0
+    np.testing.assert_array_equal(t.numpy(), 14.0)
+    s.graph.close()
+
+
+@pytest.mark.sg_cuda
+@pytest.mark.parametrize("work", ["allocate", "record, launch and sync a graph", "wrap a torch tensor", "sync"])
+def test_scopegraph_work_on_another_thread_leaves_a_torch_capture_valid(work: str) -> None:
+    """While PyTorch captures in its default global mode, another thread allocates, builds and
+    launches graphs, wraps tensors and synchronises its own streams: none of it touches the
+    capturing stream, so the capture stays valid (each invalidated it) and the work is done."""
+    torch = pytest.importorskip("torch")
+    dev = sg.device("cuda")
+    n = 1024
+    source = torch.full((n,), 7.0, device="cuda")
+    x, z = torch.full((n,), 4.0, device="cuda"), torch.zeros(n, device="cuda")
+    stream = dev.stream()
+    made: list[sg.Tensor] = []
+    failures: list[BaseException] = []
+    go, done = threading.Event(), threading.Event()
+
+    def other_thread() -> None:
+        try:
+            go.wait(30)
+            if work == "allocate":
+                made.append(dev.zeros((n,), name="made"))
+            elif work == "record, launch and sync a graph":
+                out = dev.zeros((n,), name="out")
+                with CudaGraph.scope(stream) as s:
+                    s.record(library.add_scalar_op(out.mut(), 2.0))
+                with s.graph as g:
+                    g.launch()
+                    g.sync()
+                made.append(out)
+            elif work == "wrap a torch tensor":
+                made.append(sg.Tensor.from_dlpack(source))
+            else:
+                out = dev.zeros((n,), name="out")
+                stream.run(library.add_scalar_op(out.mut(), 7.0))
+                stream.sync()
+                made.append(out)
+        except BaseException as exc:  # reported below
+            failures.append(exc)
+        finally:
+            done.set()
+
+    other = threading.Thread(target=other_thread)
+    other.start()
+    captured = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(captured):
+        torch.mul(x, 2.0, out=z)
+        go.set()
+        done.wait(60)
+        z.add_(1.0)
+    other.join(60)
+    assert not failures, failures
+    captured.replay()
+    torch.cuda.synchronize()
+    assert float(z[0]) == 9.0
+    want = {"allocate": 0.0, "record, launch and sync a graph": 2.0, "wrap a torch tensor": 7.0, "sync": 7.0}
+    np.testing.assert_array_equal(made[0].numpy(), want[work])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -70,8 +71,10 @@ class Backend(Protocol):
     def mark(self, stream: object) -> object: ...
     def finished(self, mark: object) -> bool: ...
 
-    # whether another library captures the stream (a raw handle) into a CUDA graph now
+    # whether another library captures the stream (a raw handle) into a CUDA graph now; and a
+    # context in which calls that touch no stream it captures leave that capture valid
     def captures(self, handle: int) -> bool: ...
+    def relaxed(self) -> AbstractContextManager[None]: ...
 
     # eager ops
     def prepare(self, op: GraphNode) -> None:

@@ -35,6 +35,7 @@ import re
 import tempfile
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
@@ -448,7 +449,9 @@ class CudaBackend:
         self._bury()
         if self._deferred and not self._capturing():
             self._free_deferred()  # those a capture of another library held back, once it has ended
-        with self.driver_call(f"allocating {nbytes} bytes on cuda:{self.core.device_id}"):
+        # Relaxed: scopegraph's own streams are never captured, so allocating while another
+        # library captures (PyTorch, on this thread or another) leaves that capture valid.
+        with self.driver_call(f"allocating {nbytes} bytes on cuda:{self.core.device_id}"), relaxed_capture_mode():
             buf = self.core.allocate(max(nbytes, 1), stream=self.allocation_stream)
             self.allocation_stream.sync()
         return buf, int(buf.handle)
@@ -587,12 +590,20 @@ class CudaBackend:
 
     def sync_stream(self, stream: Stream) -> None:
         self.make_current()
-        with self.driver_call(f"synchronising stream #{stream.id}"):
+        # Relaxed, as allocate: Stream.sync refuses a foreign stream that another library captures.
+        with self.driver_call(f"synchronising stream #{stream.id}"), relaxed_capture_mode():
             stream.native.sync()  # type: ignore[attr-defined]
 
     def wait_stream(self, waiter: object, waited: object) -> None:
-        """``waiter`` waits (with an event, not the host) for the work queued on ``waited`` so far."""
+        """``waiter`` waits (with an event, not the host) for the work queued on ``waited`` so far
+        (a stream, or a mark). Not for a stream that another library captures now (a replay or
+        eager work ran there before PyTorch began to capture it): the wait would join ``waiter``
+        to that capture, and scopegraph's work queued next would be captured, never run. What
+        was queued there before the capture began is taken as done, as PyTorch synchronises the
+        device before it begins a capture."""
         self.keep_current()
+        if not isinstance(waited, Event) and self.captures(int(waited.handle)):  # type: ignore[attr-defined]
+            return
         with self.driver_call("ordering two streams"):
             waiter.wait(waited)  # type: ignore[attr-defined]
 
@@ -765,13 +776,16 @@ class CudaBackend:
 
     def build(self, nodes: Sequence[RecordedNode], stream: Stream) -> _CudaExecutable:
         self.make_current()
-        with self.driver_call("building the graph definition"):
+        # Relaxed: loading kernels and instantiating touch no stream, so a graph built while
+        # another library captures (PyTorch, on this thread or another) leaves that capture valid.
+        with self.driver_call("building the graph definition"), relaxed_capture_mode():
             definition = GraphDefinition()
             built = _Built()
             self._define(definition, nodes, built, False)
-        with self.driver_call("instantiating the graph"):
+        with self.driver_call("instantiating the graph"), relaxed_capture_mode():
             graph = definition.instantiate()
-            graph.upload(stream.native)  # type: ignore[arg-type]
+            if not (stream.foreign and stream.captured):  # (the upload only saves the first launch's)
+                graph.upload(stream.native)  # type: ignore[arg-type]
         flat, _ = levels(nodes)
         core = built.core
         executable = _CudaExecutable(self, graph, definition, [core[rec] for rec in flat], len(nodes))
@@ -915,6 +929,9 @@ class CudaBackend:
                 self.wait_stream(stream, user)
         else:
             self.core.sync()
+
+    def relaxed(self) -> AbstractContextManager[None]:
+        return relaxed_capture_mode()
 
     def _finish_queued_work(self, alloc: Allocation) -> None:
         """Wait on the host for the work queued on ``alloc``'s memory, during another library's

@@ -17,11 +17,13 @@ the whole library (and users' graph programs) can be tested on machines without 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import threading
 import warnings
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from graphlib import TopologicalSorter
 from typing import TYPE_CHECKING, Any
 
@@ -409,6 +411,9 @@ class HostBackend:
 
     def captures(self, handle: int) -> bool:
         return False
+
+    def relaxed(self) -> AbstractContextManager[None]:
+        return contextlib.nullcontext()
 
     def sync(self) -> None:
         pass
