@@ -34,6 +34,7 @@ import os
 import re
 import tempfile
 import threading
+import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -166,6 +167,8 @@ class _CudaExecutable:
             self.graph.launch(stream.native)  # type: ignore[arg-type]
         except Exception as exc:
             raise cuda_error("cuGraphLaunch", exc, describe_work(backend.last_work)) from exc
+        if stream.foreign:
+            backend.worked_on(stream)
 
     def close(self) -> None:
         # Garbage collection closes graphs anywhere, also inside a capture (a region's, or another
@@ -415,6 +418,10 @@ class CudaBackend:
         self._deferred: collections.deque[tuple[object, set[object], bool]] = collections.deque()
         self._deferring: dict[int, int] = {}  # thread id (or EVERY_THREAD) -> captures open on it
         self._deferring_lock = threading.Lock()
+        # Other libraries' streams (from_handle), each with the event after scopegraph's last
+        # work on it (None before any): a wait for such a stream once its library captures it
+        # waits for that event, as a wait for the stream itself would join the capture (_waitable).
+        self._foreign: weakref.WeakKeyDictionary[object, Event | None] = weakref.WeakKeyDictionary()
 
     def make_current(self) -> None:
         """Make this device's primary context current on the calling thread. Always switches:
@@ -446,12 +453,10 @@ class CudaBackend:
 
     def allocate(self, nbytes: int) -> tuple[object, int]:
         self.make_current()
-        self._bury()
-        if self._deferred and not self._capturing():
-            self._free_deferred()  # those a capture of another library held back, once it has ended
         # Relaxed: scopegraph's own streams are never captured, so allocating while another
         # library captures (PyTorch, on this thread or another) leaves that capture valid.
         with self.driver_call(f"allocating {nbytes} bytes on cuda:{self.core.device_id}"), relaxed_capture_mode():
+            self._bury()
             buf = self.core.allocate(max(nbytes, 1), stream=self.allocation_stream)
             self.allocation_stream.sync()
         return buf, int(buf.handle)
@@ -461,7 +466,7 @@ class CudaBackend:
         Runs from free() and from garbage collection, so it never raises: if the ordering cannot
         be set up (another thread adding a user meanwhile, a stream already gone), it falls back
         to waiting for the whole device, which is slow but never frees memory early."""
-        if self._capturing() or self._captured_users(users):
+        if self._capturing():
             self._deferred.append((storage, users, borrowed))
             return
         # Relaxed: garbage collection frees anywhere, also while another library captures
@@ -470,14 +475,14 @@ class CudaBackend:
         with relaxed_capture_mode():
             try:
                 self.make_current()
-                streams = list(users)
+                waited = [w for w in map(self._waitable, list(users)) if w is not None]
                 if borrowed:
-                    events = [user if isinstance(user, Event) else user.record() for user in streams]  # type: ignore[attr-defined]
+                    events = [w if isinstance(w, Event) else w.record() for w in waited]  # type: ignore[attr-defined]
                     self._graveyard.append((events, storage))
                     self._bury()
                     return
-                for stream in streams:
-                    self.memory_stream.wait(stream)  # type: ignore[arg-type]
+                for w in waited:
+                    self.memory_stream.wait(w)  # type: ignore[arg-type]
             except Exception:
                 with contextlib.suppress(Exception):  # after a sticky fault nothing works; the process is ending
                     self.core.sync()
@@ -503,12 +508,8 @@ class CudaBackend:
                 self._deferring[thread] = left
                 return
             self._deferring.pop(thread, None)
-        self._free_deferred()
-
-    def _free_deferred(self) -> None:
-        """Retire what was queued while a capture forbade it. Each once: retire queues it again
-        while a capture still forbids it (a global one, the one of the thread that queued it if
-        that thread drains, or another library's of a stream that used the memory)."""
+        # Each queued free once: retire queues it again while another capture still forbids it
+        # (a global one, or the one of the thread that queued it, if that thread drains).
         for _ in range(len(self._deferred)):
             try:  # another thread whose capture ended may drain the queue at the same time
                 storage, users, borrowed = self._deferred.popleft()
@@ -516,15 +517,24 @@ class CudaBackend:
                 return
             self.retire(storage, users, borrowed)
 
-    def _captured_users(self, users: set[object]) -> bool:
-        """Whether a stream that used the memory is being captured by another library now (the
-        user's eager work or a replay on PyTorch's capture stream before its capture began): a
-        wait for it, or an event recorded on it, would join the capture; the free waits until
-        the capture has ended. Never raises (retire runs from finalizers)."""
-        try:
-            return any(not isinstance(user, Event) and self.captures(int(user.handle)) for user in list(users))  # type: ignore[attr-defined]
-        except Exception:
-            return False
+    def _waitable(self, user: object) -> object | None:
+        """What a wait for ``user`` (a stream that ran work on some memory, or a mark) waits for:
+        ``user`` itself, except for another library's stream that the library captures now,
+        where it is the event after scopegraph's last work there (None: there was none). A wait
+        for the capturing stream itself would join scopegraph's waiting stream to the capture:
+        its next work would be captured, never run."""
+        if isinstance(user, Event) or user not in self._foreign:
+            return user
+        if self.captures(int(user.handle)):  # type: ignore[attr-defined]
+            return self._foreign[user]
+        return user
+
+    def worked_on(self, stream: Stream) -> None:
+        """Scopegraph has just queued work on another library's stream: note the event after it.
+        Never raises (it runs after a failed launch too): without the event a later wait falls
+        back to the one before."""
+        with contextlib.suppress(Exception):
+            self._foreign[stream.native] = stream.native.record()  # type: ignore[attr-defined]
 
     def _bury(self) -> None:
         """Drop the foreign owners whose users have finished."""
@@ -565,7 +575,9 @@ class CudaBackend:
             return
         self.make_current()
         core_stream: CoreStream = stream.native if stream is not None else self.allocation_stream  # type: ignore[assignment]
-        with self.driver_call("copying host memory to the device"):
+        # Relaxed on scopegraph's own streams, as allocate.
+        relaxed = relaxed_capture_mode() if stream is None or not stream.foreign else contextlib.nullcontext()
+        with self.driver_call("copying host memory to the device"), relaxed:
             self._view(tensor).copy_from(
                 Buffer.from_handle(host.ctypes.data, tensor.nbytes, owner=host), stream=core_stream
             )
@@ -586,6 +598,7 @@ class CudaBackend:
             if int(obj.__cuda_stream__()[1]) == 0:  # type: ignore[attr-defined]
                 obj = _LEGACY_DEFAULT_STREAM
             native = obj if isinstance(obj, CoreStream) else self.core.create_stream(obj)
+            self._foreign.setdefault(native, None)
             return native, int(native.device.device_id)
 
     def sync_stream(self, stream: Stream) -> None:
@@ -596,16 +609,14 @@ class CudaBackend:
 
     def wait_stream(self, waiter: object, waited: object) -> None:
         """``waiter`` waits (with an event, not the host) for the work queued on ``waited`` so far
-        (a stream, or a mark). Not for a stream that another library captures now (a replay or
-        eager work ran there before PyTorch began to capture it): the wait would join ``waiter``
-        to that capture, and scopegraph's work queued next would be captured, never run. What
-        was queued there before the capture began is taken as done, as PyTorch synchronises the
-        device before it begins a capture."""
+        (a stream, or a mark); for another library's stream that the library captures now, for
+        scopegraph's own work queued there before (``_waitable``)."""
         self.keep_current()
-        if not isinstance(waited, Event) and self.captures(int(waited.handle)):  # type: ignore[attr-defined]
-            return
+        target = self._waitable(waited)
+        if target is None:
+            return  # nothing of scopegraph's was queued there
         with self.driver_call("ordering two streams"):
-            waiter.wait(waited)  # type: ignore[attr-defined]
+            waiter.wait(target)  # type: ignore[attr-defined]
 
     def sync(self) -> None:
         self.make_current()
@@ -622,8 +633,9 @@ class CudaBackend:
             return stream
         try:
             self.keep_current()
-            if self.captures(int(stream.handle)):  # type: ignore[attr-defined]
-                return stream
+            waited = self._waitable(stream)
+            if waited is not stream:  # a foreign stream being captured: the event after our work
+                return stream if waited is None else waited
             with relaxed_capture_mode():
                 return stream.record()  # type: ignore[attr-defined]
         except Exception:
@@ -771,6 +783,8 @@ class CudaBackend:
         finally:
             if borrows:
                 queued_on(borrows, native_stream)
+            if stream.foreign:
+                self.worked_on(stream)
 
     # -- graphs ---------------------------------------------------------------------------
 
@@ -941,8 +955,9 @@ class CudaBackend:
         synchronises the device before it begins)."""
         with relaxed_capture_mode(), self.driver_call("waiting for the work on exported memory"):
             for user in self._users_of(alloc):
-                if isinstance(user, Event) or not self.captures(int(user.handle)):  # type: ignore[attr-defined]
-                    user.sync()  # type: ignore[attr-defined]
+                waited = self._waitable(user)
+                if waited is not None:
+                    waited.sync()  # type: ignore[attr-defined]
 
     def ready_stream(self, alloc: Allocation) -> int | None:
         """A stream on which all work queued on ``alloc`` is complete, for ``__cuda_array_interface__``."""
