@@ -168,13 +168,13 @@ class Pin:
         passed: a long-lived tensor (weights, a device's scratch token) used by many graphs, each
         closed in turn, would otherwise keep every stream they ran on alive, and a new graph's
         first replay would wait on them all."""
+        last = self.last_stream
+        if last is None:
+            return  # never replayed (an open scope's pin, say): nothing to hand on
         backend = alloc.device.backend
         users = alloc.users  # changed in place: its release (``track``) holds this set
         users.update(marks.of(backend, stream) for stream in list(self.replayed_on))
         users.difference_update([user for user in list(users) if marks.passed(backend, user)])
-        last = self.last_stream
-        if last is None:
-            return
         end = alloc.address + alloc.nbytes
         for other in list(alloc.pins.values()):  # a copy: other threads record and build meanwhile
             if other is not self and (
