@@ -112,6 +112,8 @@ class Stream:
         return self.foreign and self.device.backend.captures(self.handle)
 
     def captured_error(self, what: str) -> ScopeStateError:
+        """The refusal of ``what`` while ``captured`` (the checks race with a capture that begins
+        at that moment, which nothing outside the capturing library can prevent)."""
         return ScopeStateError(
             diagnostic(
                 f"cannot {what} on stream #{self.id}: another library is capturing it into a CUDA graph",
@@ -119,8 +121,7 @@ class Stream:
                     "the work would become part of that graph, whose replays scopegraph does not see: it could "
                     "neither keep their memory alive nor order them after its own work"
                 ],
-                help="run it before or after the capture, or record it into a scopegraph graph "
-                "(CudaGraph.scope) and launch that outside the capture",
+                help="do it before or after the capture, or on a stream the capture does not use",
             )
         )
 

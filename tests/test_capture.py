@@ -1021,7 +1021,7 @@ def test_work_on_a_foreign_stream_that_another_library_captures_is_refused(monke
     monkeypatch.setattr(dev.backend, "captures", lambda native: True)
     with pytest.raises(sg.ScopeStateError, match="another library is capturing it") as info:
         foreign.run(sg.memset(x.mut(), 1.0))
-    assert "run `memset`" in str(info.value) and "help: run it before or after the capture" in str(info.value)
+    assert "run `memset`" in str(info.value) and "help: do it before or after the capture" in str(info.value)
     with pytest.raises(sg.ScopeStateError, match=f"cannot launch graph #{s.graph.id} on stream"):
         s.graph.launch(stream=foreign)
     np.testing.assert_array_equal(x.numpy(), 0.0)  # nothing ran

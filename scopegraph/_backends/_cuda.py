@@ -980,13 +980,13 @@ class CudaBackend:
             setup.sync()
             options = {**options, "copy": None}
         if stream is not None and stream != -1:
-            consumer = CoreStream.from_handle(stream)
             if self.captures(stream):
                 # Another library captures there (torch.from_dlpack(t) inside torch.cuda.graph):
                 # nothing it captures runs now, and its capture cannot wait for work outside it, so
                 # the work queued on the memory is waited for here, on the host, once.
                 self._finish_queued_work(tensor.allocation)
             else:
+                consumer = CoreStream.from_handle(stream)
                 for user in self._users_of(tensor.allocation):
                     self.wait_stream(consumer, user)
         elif stream is None:  # DLPack's None: the consumer gives no stream, so the data must be complete
@@ -1122,17 +1122,16 @@ def _fill_value(pattern: bytes) -> int | bytes:
 
 
 _SUCCESS = driver.CUresult.CUDA_SUCCESS
-# The eager fill for each pattern width: (address, value, count of units, stream). The pattern's
-# bytes are in memory order; the driver stores its value in the device's (little-endian) order.
 _NOT_CAPTURING = driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
 _CAPTURE_IMPLICIT = driver.CUresult.CUDA_ERROR_STREAM_CAPTURE_IMPLICIT
 
 
 @contextlib.contextmanager
 def relaxed_capture_mode() -> Iterator[None]:
-    """Let this thread make a call that CUDA forbids during a stream capture but that touches no
-    capturing stream: a query of an event recorded outside any capture, the destruction of an
-    executable graph. Another library's capture in CUDA's default global mode (PyTorch's
+    """Let this thread make calls that CUDA forbids during a stream capture but that touch no
+    capturing stream: allocations, frees and synchronisations on scopegraph's own streams, event
+    records and queries outside any capture, loading kernels, instantiating and destroying
+    executable graphs. Another library's capture in CUDA's default global mode (PyTorch's
     ``torch.cuda.graph``), on any thread, and a capture on this thread, are invalidated by such a
     call unless this thread is in relaxed mode (PyTorch's allocator does the same around its event
     queries). cuda.bindings: cuda.core 1.2 has no cuThreadExchangeStreamCaptureMode."""
@@ -1150,4 +1149,6 @@ def relaxed_capture_mode() -> Iterator[None]:
 
 _RELAXED = driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
 
+# The eager fill for each pattern width: (address, value, count of units, stream). The pattern's
+# bytes are in memory order; the driver stores its value in the device's (little-endian) order.
 _MEMSET = {1: driver.cuMemsetD8Async, 2: driver.cuMemsetD16Async, 4: driver.cuMemsetD32Async}
