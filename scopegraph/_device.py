@@ -137,6 +137,8 @@ class Device:
                 )
             if stream.recording is not None:
                 stream.check_not_recording("copy an array to the device (dev.from_numpy)")
+            if stream.foreign and stream.captured:
+                raise stream.captured_error("copy an array to the device (dev.from_numpy)")
         if not isinstance(array, np.ndarray):
             raise SignatureError(
                 f"dev.from_numpy() takes a numpy array, not {type(array).__name__}\n"

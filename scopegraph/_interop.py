@@ -9,7 +9,9 @@ those rules work on device addresses (``_allocation``).
 Streams are exchanged both ways: importing passes a consumer stream to the producer (DLPack's
 ``stream=``, or the ``stream`` field of ``__cuda_array_interface__``) so its pending writes are
 visible; exporting (``Tensor.__dlpack__``, ``__cuda_array_interface__``) makes the consumer's
-stream wait for the work queued on the tensor's memory.
+stream wait for the work queued on the tensor's memory. While PyTorch captures a graph, whose
+capture no stream outside it may join, an import of a PyTorch tensor asks for no stream, and an
+export to a capturing stream waits for that work on the host (``CudaBackend.dlpack``).
 """
 
 from __future__ import annotations

@@ -46,8 +46,10 @@ class Pin:
     ``numpy()`` while ``recording``: an open scope's writes have not run yet), and ``written``, for
     a graph's pin, the ids of the allocations they are in (which graphs' replays must be ordered:
     ``sharers``);
-    ``pending`` the streams that ran eager work on its memory since its last replay;
-    ``replayed_on`` every stream it was replayed on (the release of its memory waits for them);
+    ``pending`` the streams that ran eager work on its memory since its last replay, and marks of
+    the replays of graphs that let go of memory it holds (``ReplayMarks``);
+    ``replayed_on`` every stream it was replayed on (when it lets memory go, the memory keeps marks
+    of those replays);
     ``last_stream`` the stream of its last replay, and ``caught_up`` the streams made to wait for
     that replay since (eager work on its memory comes after it).
     """

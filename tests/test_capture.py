@@ -1024,6 +1024,10 @@ def test_work_on_a_foreign_stream_that_another_library_captures_is_refused(monke
     assert "run `memset`" in str(info.value) and "help: do it before or after the capture" in str(info.value)
     with pytest.raises(sg.ScopeStateError, match=f"cannot launch graph #{s.graph.id} on stream"):
         s.graph.launch(stream=foreign)
+    with pytest.raises(sg.ScopeStateError, match=r"cannot copy an array to the device \(dev.from_numpy\)"):
+        dev.from_numpy(np.ones(4, np.float32), stream=foreign)
+    with pytest.raises(sg.ScopeStateError, match="cannot synchronise on stream"):
+        foreign.sync()
     np.testing.assert_array_equal(x.numpy(), 0.0)  # nothing ran
     monkeypatch.setattr(dev.backend, "captures", lambda native: False)  # the capture has ended
     foreign.run(sg.memset(x.mut(), 1.0))
@@ -1166,3 +1170,24 @@ def test_scopegraph_work_on_another_thread_leaves_a_torch_capture_valid(work: st
     assert float(z[0]) == 9.0
     want = {"allocate": 0.0, "record, launch and sync a graph": 2.0, "wrap a torch tensor": 7.0, "sync": 7.0}
     np.testing.assert_array_equal(made[0].numpy(), want[work])
+
+
+@pytest.mark.sg_cuda
+def test_cupy_reads_a_finished_tensor_inside_a_torch_capture() -> None:
+    """`__cuda_array_interface__` names no stream once the work on the tensor has finished, so
+    CuPy, which synchronises the named stream on the host, can take a scopegraph tensor inside
+    PyTorch's capture (which synchronised the device when it began) without invalidating it."""
+    torch = pytest.importorskip("torch")
+    cp = pytest.importorskip("cupy")
+    dev = sg.device("cuda")
+    t = dev.full((1024,), 3.0, name="t")
+    dev.stream().run(library.add_scalar_op(t.mut(), 1.0))  # t = 4, eager work on a side stream
+    x, z = torch.full((1024,), 4.0, device="cuda"), torch.zeros(1024, device="cuda")
+    captured = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(captured):
+        assert t.__cuda_array_interface__["stream"] is None  # done: torch synchronised first
+        view = cp.asarray(t)
+        torch.mul(x, 2.0, out=z)
+    captured.replay()
+    torch.cuda.synchronize()
+    assert float(z[0]) == 8.0 and float(view[0]) == 4.0

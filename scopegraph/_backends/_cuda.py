@@ -462,7 +462,9 @@ class CudaBackend:
         return buf, int(buf.handle)
 
     def retire(self, storage: object, users: set[object], borrowed: bool) -> None:
-        """Release memory after the work of every stream in ``users`` (see the module docstring).
+        """Release memory after the work ``users`` stand for (streams, and marks of closed graphs'
+        replays; for a foreign stream being captured, the event after scopegraph's work there),
+        or queue it while a region's capture forbids this thread the calls (``defer_frees``).
         Runs from free() and from garbage collection, so it never raises: if the ordering cannot
         be set up (another thread adding a user meanwhile, a stream already gone), it falls back
         to waiting for the whole device, which is slow but never frees memory early."""
@@ -625,10 +627,12 @@ class CudaBackend:
 
     def mark(self, stream: object) -> object:
         """An event recorded on ``stream`` after the work queued on it so far: bookkeeping that
-        keeps it, not the stream, lets the stream go and can drop it once it has passed. The
-        stream itself while this thread captures a region or the stream captures (an event
-        recorded there would be part of the capture; garbage collection closes graphs anywhere),
-        or when the record fails (after a sticky fault): never raises, for it runs from finalizers."""
+        keeps it, not the stream, lets the stream go and can drop it once it has passed. For
+        another library's stream that it captures now, the event after scopegraph's own work
+        there (``_waitable``; an event recorded there would be part of the capture). The stream
+        itself while a region's capture forbids events to this thread (garbage collection closes
+        graphs anywhere), while a captured stream has no such event, or when the record fails
+        (after a sticky fault): never raises, for it runs from finalizers."""
         if self._capturing():
             return stream
         try:
@@ -654,8 +658,8 @@ class CudaBackend:
 
     def finished(self, mark: object) -> bool:
         """Whether ``mark``'s work has completed: an event that has passed. A stream never counts
-        (more may be queued on it), and nothing is asked while this thread captures, where an
-        event query is one of the calls a capture forbids. Never raises."""
+        (more may be queued on it), and nothing is asked while a region's capture forbids this
+        thread the query (see ``_capturing``). Never raises."""
         if not isinstance(mark, Event) or self._capturing():
             return False
         try:
@@ -916,8 +920,8 @@ class CudaBackend:
     # -- interop --------------------------------------------------------------------------
 
     def _users_of(self, alloc: Allocation) -> set[object]:
-        """Every stream whose queued work may touch ``alloc``'s memory: its eager users and the
-        streams live graphs that pin it were replayed on."""
+        """Every stream or mark whose work may touch ``alloc``'s memory: its users (eager streams,
+        marks of closed graphs' replays) and the streams live graphs that pin it were replayed on."""
         found: set[object] = set()
         for a in alloc.aliases():
             found |= a.users
@@ -950,9 +954,8 @@ class CudaBackend:
     def _finish_queued_work(self, alloc: Allocation) -> None:
         """Wait on the host for the work queued on ``alloc``'s memory, during another library's
         capture: relaxed (a synchronisation is a call the capture forbids, but it touches no
-        capturing stream). Not for a stream being captured, which cannot be waited for: what
-        was queued there before its capture began is left to the capturing library (PyTorch
-        synchronises the device before it begins)."""
+        capturing stream). For a stream being captured, which cannot be waited for, the event
+        after scopegraph's own work there (``_waitable``)."""
         with relaxed_capture_mode(), self.driver_call("waiting for the work on exported memory"):
             for user in self._users_of(alloc):
                 waited = self._waitable(user)
@@ -960,12 +963,16 @@ class CudaBackend:
                     waited.sync()  # type: ignore[attr-defined]
 
     def ready_stream(self, alloc: Allocation) -> int | None:
-        """A stream on which all work queued on ``alloc`` is complete, for ``__cuda_array_interface__``."""
-        users = self._users_of(alloc)
-        if not users:
+        """A stream on which all work queued on ``alloc`` is complete, for ``__cuda_array_interface__``;
+        None when that work has finished already. Consumers synchronise the stream on the host
+        (CuPy does), which a capture in progress forbids (PyTorch synchronises the device before
+        it begins one, so its capture then gets None); the queries run relaxed for that reason."""
+        with relaxed_capture_mode():
+            pending = [w for w in map(self._waitable, self._users_of(alloc)) if w is not None and not _finished_now(w)]
+        if not pending:
             return None
-        for stream in users:
-            self.wait_stream(self.memory_stream, stream)
+        for waited in pending:
+            self.wait_stream(self.memory_stream, waited)
         return int(self.memory_stream.handle)
 
     def dlpack(self, tensor: Tensor, stream: int | None, options: dict[str, Any]) -> object:
@@ -1124,6 +1131,15 @@ def _fill_value(pattern: bytes) -> int | bytes:
 _SUCCESS = driver.CUresult.CUDA_SUCCESS
 _NOT_CAPTURING = driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
 _CAPTURE_IMPLICIT = driver.CUresult.CUDA_ERROR_STREAM_CAPTURE_IMPLICIT
+
+
+def _finished_now(waited: object) -> bool:
+    """Whether the work a stream or an event stands for has completed (an idle stream).
+    cuda.bindings for the stream: cuda.core 1.2's Stream has no query."""
+    if isinstance(waited, Event):
+        return bool(waited.is_done)
+    (status,) = driver.cuStreamQuery(int(waited.handle))  # type: ignore[attr-defined]
+    return bool(status == _SUCCESS)
 
 
 @contextlib.contextmanager
