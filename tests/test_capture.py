@@ -863,6 +863,53 @@ def test_work_left_on_another_stream_is_refused() -> None:
     _refused(stream, body, "(?s)failed when it ended.*(joined|UNJOINED)")
 
 
+class Meanwhile:
+    """``act`` run at one point of a capture's body (where the body calls the object): on this
+    thread, or on another thread that waits for that point while the body waits for it to end.
+    ``finish()`` after the capture re-raises what the other thread raised."""
+
+    def __init__(self, act: Callable[[], object], other_thread: bool) -> None:
+        self.act = act
+        self.failures: list[BaseException] = []
+        self.go, self.done = threading.Event(), threading.Event()
+        self.thread = threading.Thread(target=self._other) if other_thread else None
+        if self.thread is not None:
+            self.thread.start()
+
+    def _other(self) -> None:
+        try:
+            self.go.wait(30)
+            self.act()
+        except BaseException as exc:  # re-raised by finish()
+            self.failures.append(exc)
+        finally:
+            self.done.set()
+
+    def __call__(self) -> None:
+        if self.thread is None:
+            self.act()
+        else:
+            self.go.set()
+            self.done.wait(60)
+
+    def finish(self) -> None:
+        if self.thread is not None:
+            self.thread.join(60)
+        assert not self.failures, self.failures
+
+    def in_a_torch_capture(self, torch: Any, x: Any, z: Any) -> None:
+        """PyTorch captures ``z = 2 * x + 1`` (in its default global mode) with ``act`` at its
+        middle; the capture is replayed."""
+        captured = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(captured):
+            torch.mul(x, 2.0, out=z)
+            self()
+            torch.add(z, 1.0, out=z)
+        self.finish()
+        captured.replay()
+        torch.cuda.synchronize()
+
+
 @pytest.mark.sg_cuda
 @pytest.mark.parametrize("where", ["torch capture, other thread", "torch capture, same thread", "region"])
 @pytest.mark.parametrize("action", ["close", "collect", "rebind"])
@@ -894,29 +941,7 @@ def test_a_graph_closed_or_rebound_during_a_capture_leaves_the_capture_valid(whe
         else:
             graphs["g"].rebind({inp: inp2})
 
-    failures: list[BaseException] = []
-    go, done = threading.Event(), threading.Event()
-
-    def other_thread() -> None:
-        try:
-            go.wait(30)
-            act()
-        except BaseException as exc:  # reported below
-            failures.append(exc)
-        finally:
-            done.set()
-
-    other = threading.Thread(target=other_thread) if where == "torch capture, other thread" else None
-    if other is not None:
-        other.start()
-
-    def inside() -> None:
-        if other is None:
-            act()
-        else:
-            go.set()
-            done.wait(30)
-
+    inside = Meanwhile(act, other_thread=where == "torch capture, other thread")
     if where == "region":
         with (
             CudaGraph.scope(dev.stream()) as region_scope,
@@ -928,17 +953,9 @@ def test_a_graph_closed_or_rebound_during_a_capture_leaves_the_capture_valid(whe
         with region_scope.graph as g:
             g.launch()
             g.sync()
+        inside.finish()
     else:
-        captured = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(captured):  # capture_error_mode="global", PyTorch's default
-            torch.mul(tx, 2.0, out=tz)
-            inside()
-            torch.add(tz, 1.0, out=tz)
-        captured.replay()
-        torch.cuda.synchronize()
-    if other is not None:
-        other.join(30)
-    assert not failures, failures
+        inside.in_a_torch_capture(torch, tx, tz)
     np.testing.assert_array_equal(z.numpy(), 9.0)
     if action == "rebind":
         graphs["g"].launch()
@@ -975,35 +992,7 @@ def test_a_tensor_released_during_a_torch_capture_leaves_the_capture_valid(threa
         held.clear()
         gc.collect()
 
-    failures: list[BaseException] = []
-    go, done = threading.Event(), threading.Event()
-
-    def other_thread() -> None:
-        try:
-            go.wait(30)
-            release()
-        except BaseException as exc:  # reported below
-            failures.append(exc)
-        finally:
-            done.set()
-
-    other = threading.Thread(target=other_thread) if thread == "other thread" else None
-    if other is not None:
-        other.start()
-    captured = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(captured):
-        torch.mul(x, 2.0, out=z)
-        if other is None:
-            release()
-        else:
-            go.set()
-            done.wait(30)
-        torch.add(z, 1.0, out=z)
-    captured.replay()
-    torch.cuda.synchronize()
-    if other is not None:
-        other.join(30)
-    assert not failures, failures
+    Meanwhile(release, other_thread=thread == "other thread").in_a_torch_capture(torch, x, z)
     assert float(z[0]) == 9.0
 
 
@@ -1127,46 +1116,27 @@ def test_scopegraph_work_on_another_thread_leaves_a_torch_capture_valid(work: st
     x, z = torch.full((n,), 4.0, device="cuda"), torch.zeros(n, device="cuda")
     stream = dev.stream()
     made: list[sg.Tensor] = []
-    failures: list[BaseException] = []
-    go, done = threading.Event(), threading.Event()
 
-    def other_thread() -> None:
-        try:
-            go.wait(30)
-            if work == "allocate":
-                made.append(dev.zeros((n,), name="made"))
-            elif work == "record, launch and sync a graph":
-                out = dev.zeros((n,), name="out")
-                with CudaGraph.scope(stream) as s:
-                    s.record(library.add_scalar_op(out.mut(), 2.0))
-                with s.graph as g:
-                    g.launch()
-                    g.sync()
-                made.append(out)
-            elif work == "wrap a torch tensor":
-                made.append(sg.Tensor.from_dlpack(source))
-            else:
-                out = dev.zeros((n,), name="out")
-                stream.run(library.add_scalar_op(out.mut(), 7.0))
-                stream.sync()
-                made.append(out)
-        except BaseException as exc:  # reported below
-            failures.append(exc)
-        finally:
-            done.set()
+    def do_work() -> None:
+        if work == "allocate":
+            made.append(dev.zeros((n,), name="made"))
+        elif work == "record, launch and sync a graph":
+            out = dev.zeros((n,), name="out")
+            with CudaGraph.scope(stream) as s:
+                s.record(library.add_scalar_op(out.mut(), 2.0))
+            with s.graph as g:
+                g.launch()
+                g.sync()
+            made.append(out)
+        elif work == "wrap a torch tensor":
+            made.append(sg.Tensor.from_dlpack(source))
+        else:
+            out = dev.zeros((n,), name="out")
+            stream.run(library.add_scalar_op(out.mut(), 7.0))
+            stream.sync()
+            made.append(out)
 
-    other = threading.Thread(target=other_thread)
-    other.start()
-    captured = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(captured):
-        torch.mul(x, 2.0, out=z)
-        go.set()
-        done.wait(60)
-        z.add_(1.0)
-    other.join(60)
-    assert not failures, failures
-    captured.replay()
-    torch.cuda.synchronize()
+    Meanwhile(do_work, other_thread=True).in_a_torch_capture(torch, x, z)
     assert float(z[0]) == 9.0
     want = {"allocate": 0.0, "record, launch and sync a graph": 2.0, "wrap a torch tensor": 7.0, "sync": 7.0}
     np.testing.assert_array_equal(made[0].numpy(), want[work])
