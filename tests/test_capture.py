@@ -1161,3 +1161,24 @@ def test_cupy_reads_a_finished_tensor_inside_a_torch_capture() -> None:
     captured.replay()
     torch.cuda.synchronize()
     assert float(z[0]) == 8.0 and float(view[0]) == 4.0
+
+
+@pytest.mark.sg_cuda
+def test_numpy_works_and_a_device_sync_is_refused_inside_a_region() -> None:
+    """Inside a region's block, `t.numpy()` of a tensor reads it (it waits for t's writers, not
+    the device: the copy's stream sync invalidated the capture, as a CudaError with no help), and
+    `dev.sync()`, which would wait for the capturing stream too, is a ScopeStateError; the
+    region's capture survives both."""
+    torch = pytest.importorskip("torch")
+    dev = sg.device("cuda")
+    x, y, other = dev.full((1024,), 2.0, name="x"), dev.zeros((1024,), name="y"), dev.full((8,), 5.0, name="other")
+    tx, ty = torch.from_dlpack(x), torch.from_dlpack(y)
+    with CudaGraph.scope(dev.stream()) as s, s.capture(reads=[x], writes=[y.mut()], via="torch"):
+        torch.mul(tx, 3.0, out=ty)
+        np.testing.assert_array_equal(other.numpy(), 5.0)
+        with pytest.raises(sg.ScopeStateError, match="cannot synchronise the device while a captured region"):
+            dev.sync()
+    with s.graph as g:
+        g.launch()
+        g.sync()
+    np.testing.assert_array_equal(y.numpy(), 6.0)

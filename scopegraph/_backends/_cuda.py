@@ -563,7 +563,8 @@ class CudaBackend:
         host = np.empty(nbytes, np.uint8)
         if nbytes:
             self.make_current()
-            with self.driver_call("copying device memory to the host"):
+            # Relaxed, as allocate: inside a region, _settle waits for the writers, not the device.
+            with self.driver_call("copying device memory to the host"), relaxed_capture_mode():
                 if settle:
                     self._settle(alloc, self.allocation_stream)
                 src = Buffer.from_handle(alloc.address + offset, nbytes, owner=alloc)
@@ -621,6 +622,15 @@ class CudaBackend:
             waiter.wait(target)  # type: ignore[attr-defined]
 
     def sync(self) -> None:
+        if self._deferring:  # a device-wide synchronisation waits for the capturing stream too
+            raise ScopeStateError(
+                diagnostic(
+                    "cannot synchronise the device while a captured region is being recorded",
+                    ["a device-wide synchronisation would invalidate the region's capture, on any thread"],
+                    help="synchronise the streams you used (stream.sync(), graph.sync()), or wait for "
+                    "the region's `with` block to end",
+                )
+            )
         self.make_current()
         with self.driver_call("synchronising the device"):
             self.core.sync()
@@ -697,7 +707,7 @@ class CudaBackend:
         if loaded is None:
             code = compile_kernel(kernel, self.arch)
             self.make_current()
-            with self.driver_call(f"loading kernel `{kernel.name_expression}`"):
+            with self.driver_call(f"loading kernel `{kernel.name_expression}`"), relaxed_capture_mode():
                 fn = code.get_kernel(kernel.name_expression)
                 attributes = fn.attributes[self.core.device_id]  # this device's, whichever is current
                 static = attributes.shared_size_bytes
