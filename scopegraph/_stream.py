@@ -104,12 +104,12 @@ class Stream:
 
     @property
     def captured(self) -> bool:
-        """Whether another library captures this stream into a CUDA graph now (PyTorch's
+        """Whether this stream is being captured into a CUDA graph now (PyTorch's
         ``torch.cuda.graph``, ``torch.compile(mode="reduce-overhead")``): work on it then is
         refused (``captured_error``), as it would become part of a graph whose replays scopegraph
-        never sees. Only another library's stream (``from_handle``) is asked: the hot paths test
-        ``foreign`` first."""
-        return self.foreign and self.device.backend.captures(self.handle)
+        never sees. A driver query: the hot paths ask it of another library's stream only
+        (``foreign and captured``), the one kind another library captures."""
+        return self.device.backend.captures(self.handle)
 
     def captured_error(self, what: str) -> ScopeStateError:
         """The refusal of ``what`` while ``captured`` (the checks race with a capture that begins
