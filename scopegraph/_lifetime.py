@@ -304,7 +304,11 @@ def note_eager_use(borrows: Iterable[Borrow], native_stream: object, backend: Ba
     next replays of those graphs wait for it too."""
     for b in borrows:
         alloc = b.alloc
-        alloc.users.add(native_stream)
+        users = alloc.users
+        if native_stream not in users:
+            users.add(native_stream)
+            if len(users) >= MANY_USERS:
+                trade_streams_for_marks(users, native_stream, backend)
         if alloc.pins or alloc.closed_replays or len(alloc.region.members) > 1:
             for a in alloc.aliases():
                 # Every wrapper of the memory: the one used here may be dropped first, and the
@@ -319,6 +323,28 @@ def note_eager_use(borrows: Iterable[Borrow], native_stream: object, backend: Ba
                         _after_replay(native_stream, last, caught, backend)
 
 
+# How many streams and marks an allocation's eager use lets it keep before it trades the streams
+# for marks (see trade_streams_for_marks).
+MANY_USERS = 16
+
+
+def trade_streams_for_marks(users: set[object], current: object, backend: Backend) -> None:
+    """Memory used eagerly on many streams (a long-lived tensor, a stream per request) kept every
+    one of them alive, and a new graph's first replay waited on each. Past ``MANY_USERS``, each
+    user other than ``current`` (whose work is about to be queued) becomes a mark of the work
+    queued on it so far, and the marks that have passed go. ``queued_on`` puts the stream back
+    after its work is queued: another thread may be between its own note and enqueue here."""
+    marks = ReplayMarks()
+    for user in list(users):
+        if user is not current:
+            mark = marks.of(backend, user)  # a mark stands for itself
+            if marks.passed(backend, mark):
+                users.discard(user)
+            elif mark is not user:
+                users.discard(user)
+                users.add(mark)
+
+
 def queued_on(borrows: Iterable[Borrow], native_stream: object) -> None:
     """Eager work on the memory of ``borrows`` is now enqueued on ``native_stream``: the next replay
     of every graph that pins that memory waits for it. After the enqueue, with the pins as they are
@@ -327,6 +353,7 @@ def queued_on(borrows: Iterable[Borrow], native_stream: object) -> None:
     memory in between (recorded, rebound) took the stream from ``users`` too early in the same way."""
     for b in borrows:
         alloc = b.alloc
+        alloc.users.add(native_stream)  # again, if another thread traded it for a mark meanwhile
         if alloc.pins or len(alloc.region.members) > 1:
             for a in alloc.aliases():
                 pins = list(a.pins.values())

@@ -120,6 +120,33 @@ def test_free_while_a_kernel_reads_it(cuda: sg.Device) -> None:
     np.testing.assert_array_equal(dst.numpy(), 1.0)
 
 
+def test_memory_read_on_many_streams_keeps_marks_and_still_outlives_their_work(cuda: sg.Device) -> None:
+    """A slow kernel reads `src` on one stream, then quick copies read it on many short-lived
+    streams: `src` trades those streams for marks of their work (it kept them all alive), and its
+    release still waits for the slow kernel (a mark that stood for finished work too early would
+    free `src` under it)."""
+    from scopegraph._lifetime import MANY_USERS
+
+    src, dst = cuda.full((N,), 1.0, name="src"), cuda.zeros((N,), name="dst")
+    slow = cuda.stream()
+    slow.run(slow_copy[N // 256, 256](dst.mut(), src, N, CYCLES))
+    quick = []
+    for i in range(3 * MANY_USERS):
+        stream = cuda.stream()
+        out = cuda.zeros((N,), name=f"out{i}")
+        stream.run(sg.memcpy(out.mut(), src))
+        quick.append((stream, out))
+    users = src.allocation.users  # marks (of the slow kernel's work, of copies not yet done), streams since
+    assert slow.native not in users and sum(stream.native in users for stream, _ in quick) < MANY_USERS
+    src.free()
+    _reuse_freed_memory(cuda, 7.0)
+    slow.sync()
+    np.testing.assert_array_equal(dst.numpy(), 1.0)
+    for stream, out in quick:
+        stream.sync()
+        np.testing.assert_array_equal(out.numpy(), 1.0)
+
+
 def test_closing_and_dropping_a_graph_while_it_replays(cuda: sg.Device) -> None:
     """Issue 8 case 1, second half: the graph is closed and dropped while its replay still runs."""
     stream = cuda.stream()

@@ -67,7 +67,8 @@ class Backend(Protocol):
 
     # marks: what stands for the work queued on a stream so far, once nothing new of a holder will
     # be queued there (a closed graph's replays). `wait_stream` and `retire` take marks as well as
-    # streams; a finished one can be dropped, and a mark lets its stream go (see _lifetime)
+    # streams; a finished one can be dropped, and a mark lets its stream go (see _lifetime); the
+    # mark of a mark is itself
     def mark(self, stream: object) -> object: ...
     def finished(self, mark: object) -> bool: ...
 

@@ -642,8 +642,8 @@ class CudaBackend:
         there (``_waitable``; an event recorded there would be part of the capture). The stream
         itself while a region's capture forbids events to this thread (garbage collection closes
         graphs anywhere), while a captured stream has no such event, or when the record fails
-        (after a sticky fault): never raises, for it runs from finalizers."""
-        if self._capturing():
+        (after a sticky fault): never raises, for it runs from finalizers. A mark is its own."""
+        if isinstance(stream, Event) or self._capturing():
             return stream
         try:
             self.keep_current()
