@@ -43,12 +43,13 @@ from typing import TYPE_CHECKING, Final
 
 from sortedcontainers import SortedDict
 
-from ._errors import LifetimeError
+from ._errors import BorrowError, LifetimeError
 from ._intervals import overlapping
 
 if TYPE_CHECKING:
     from ._device import Device
     from ._lifetime import Pin
+    from ._tensor import Tensor
 
 _allocation_ids = itertools.count(1)
 
@@ -195,24 +196,43 @@ class MemoryMap:
 class Export:
     """What a zero-copy DLPack export of an allocation holds on to (the exported buffer's owner),
     for as long as the other library's array lives: it keeps the allocation alive and counts it
-    in ``exports``, so that free() can refuse to release memory that array still aliases."""
+    in ``exports``, so that free() can refuse to release memory that array still aliases; and
+    the absolute byte range of a writable export in ``writable_exports``, so that freeze() can
+    refuse to freeze memory that array may still write."""
 
-    __slots__ = ("alloc",)
+    __slots__ = ("alloc", "writes")
 
-    def __init__(self, alloc: Allocation) -> None:
-        with EXPORTS:  # Tensor.free() checks `exports` and sets `freed` under it too
+    def __init__(self, alloc: Allocation, writes: tuple[int, int] | None) -> None:
+        with EXPORTS:  # Tensor.free() and freeze() check the exports under it too
             if alloc.freed:
                 raise LifetimeError(
                     f"cannot export allocation `{alloc.label}`: it was freed meanwhile\n"
                     "help: export it before another thread frees it"
                 )
+            if writes is not None and alloc.frozen_overlap(*writes) is not None:
+                raise BorrowError(
+                    f"cannot export allocation `{alloc.label}` writable: it was frozen meanwhile\n"
+                    "help: export it again (an export of frozen memory is read-only)"
+                )
             alloc.exports += 1
+            if writes is not None:
+                alloc.writable_exports.append(writes)
         self.alloc = alloc
+        self.writes = writes
+
+    @classmethod
+    def of(cls, tensor: Tensor, writable: bool) -> Export:
+        """The export of ``tensor``'s bytes (``writable``: not frozen when the export began)."""
+        alloc = tensor.allocation
+        start = alloc.address + tensor.offset
+        return cls(alloc, (start, start + tensor.nbytes) if writable else None)
 
     def __del__(self) -> None:
         if hasattr(self, "alloc"):  # not one whose __init__ refused
             with EXPORTS:
                 self.alloc.exports -= 1
+                if self.writes is not None:
+                    self.alloc.writable_exports.remove(self.writes)
 
 
 EXPORTS = threading.RLock()  # re-entrant: a collection may run __del__ inside __init__
@@ -237,6 +257,7 @@ class Allocation:
         "release",
         "storage",
         "users",
+        "writable_exports",
     )
 
     def __init__(
@@ -267,6 +288,7 @@ class Allocation:
         self.release: Callable[[], object] | None = None
         # Zero-copy exports (DLPack) another library still holds: free() is refused meanwhile.
         self.exports = 0
+        self.writable_exports: list[tuple[int, int]] = []  # their absolute byte ranges (see Export)
 
     @property
     def label(self) -> str:

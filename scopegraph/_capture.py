@@ -92,13 +92,13 @@ from . import _scope
 from ._borrow import Borrow
 from ._dtypes import int32
 from ._errors import (
-    BoundsError,
     NoHostReferenceError,
     NotAGraphNodeError,
     ScopeGraphError,
     ScopeStateError,
     SignatureError,
     diagnostic,
+    host_code_failed,
 )
 from ._ops import GraphNode, borrowed_tensor
 from ._scope import RecordedNode, Scope, _State, not_open, unentered_in
@@ -250,8 +250,9 @@ class Captured(GraphNode):
 
     def host_thunk(self, array_of: ArrayOf) -> Callable[[], None]:
         """What the host backend runs for this node: ``host(*writes, *reads)`` on numpy views.
-        An IndexError or ValueError it raises (an access past a view, a write to a declared read)
-        becomes a BoundsError naming the region, as a kernel's host reference's does."""
+        An access past a view it makes, or a write to a declared read, becomes a BoundsError naming
+        the region, and anything else it raises a HostReferenceError, as for a kernel's host
+        reference (``_errors.host_code_failed``)."""
         fn = self.host
         assert fn is not None  # checked when recorded
         views = [array_of(t, True) for t in self.writes] + [array_of(t, False) for t in self.reads]
@@ -259,22 +260,23 @@ class Captured(GraphNode):
         def run() -> None:
             try:
                 fn(*views)
-            except (IndexError, ValueError) as exc:
-                raise BoundsError(
-                    diagnostic(
-                        f"the host callable of captured region `{self.label_name}` failed: {exc}",
-                        [
-                            f"opened at {self.where}",
-                            *(
-                                f"{'writes' if b.mutable else 'reads'} {b.tensor.name} {b.tensor.shape}"
-                                for b in self.borrows
-                                if b.param != SCRATCH
-                            ),
-                        ],
-                        help="the host callable reads or writes past a tensor it was given, writes one declared "
-                        "in reads=, or combines views whose shapes differ; keep it to the declared views "
-                        "(host(*writes, *reads)) and their shapes, and declare what it writes in writes=",
-                    )
+            except ScopeGraphError:
+                raise
+            except Exception as exc:
+                raise host_code_failed(
+                    f"the host callable of captured region `{self.label_name}`",
+                    exc,
+                    [
+                        f"opened at {self.where}",
+                        *(
+                            f"{'writes' if b.mutable else 'reads'} {b.tensor.name} {b.tensor.shape}"
+                            for b in self.borrows
+                            if b.param != SCRATCH
+                        ),
+                    ],
+                    "the host callable reads or writes past a tensor it was given, writes one declared "
+                    "in reads=, or combines views whose shapes differ; keep it to the declared views "
+                    "(host(*writes, *reads)) and their shapes, and declare what it writes in writes=",
                 ) from exc
 
         return run

@@ -95,6 +95,12 @@ class BoundsError(SignatureError, IndexError):
     writes past the view it was given (which on a GPU would be an illegal address)."""
 
 
+class HostReferenceError(ScopeGraphError):
+    """A kernel's host reference, or a captured region's host callable, raised an error of its own
+    when the host backend ran it (the exception is its ``__cause__``): the user's numpy model of the
+    work failed, not an access past a tensor (that is a BoundsError)."""
+
+
 class ScopeStateError(ScopeGraphError):
     """A scope or a stream is used in a state that does not allow it."""
 
@@ -241,3 +247,22 @@ def diagnostic(headline: str, notes: Iterable[str] = (), help: str = "") -> str:
     if help:
         lines.append(f"help: {help}")
     return "\n".join(lines)
+
+
+def host_code_failed(what: str, exc: Exception, notes: list[str], bounds_help: str) -> ScopeGraphError:
+    """The error for user code the host backend ran (``what``: a kernel's host reference, a
+    region's host callable) that raised ``exc``: a BoundsError for an access past a view, a write
+    to a read-only one, or views whose shapes differ (numpy's IndexError, and its read-only,
+    broadcast and shape errors); a HostReferenceError for anything else it raised."""
+    text = str(exc)
+    if isinstance(exc, IndexError) or (
+        isinstance(exc, ValueError) and any(word in text for word in ("broadcast", "shape", "read-only"))
+    ):
+        return BoundsError(diagnostic(f"{what} failed: {exc}", notes, help=bounds_help))
+    return HostReferenceError(
+        diagnostic(
+            f"{what} raised {type(exc).__name__}: {exc}",
+            notes,
+            help="the error is the host code's own (its traceback is this error's cause): fix that code",
+        )
+    )

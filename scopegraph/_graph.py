@@ -65,6 +65,9 @@ class CudaGraph:
         # ends after every earlier one, which it was ordered after, so sync() waits for it.
         self._last_launch = stream
         self._lock = threading.Lock()
+        # The thread whose launch replays the graph on the host backend (0: none), which runs the
+        # users' host references and region callables under the lock (see _locked).
+        self._replaying = 0
         # The pin goes when the graph does, even if the user never calls close().
         self._unpin = weakref.finalize(self, _close, executable, pin)
         # Changes without a rebuild (see the "changes" section): what the last one was ("nodes",
@@ -132,7 +135,7 @@ class CudaGraph:
             stream.check_not_recording(f"launch graph #{self.id}")
         if stream.foreign and stream.captured:
             raise stream.captured_error(f"launch graph #{self.id}")
-        with self._lock:
+        with self._lock if not self._replaying else self._locked("launch"):
             exe = self._exec  # again, under the lock: recording into the graph may replace it
             if exe is None:
                 raise self._closed_error("launch")
@@ -153,8 +156,29 @@ class CudaGraph:
                     order_replay(pin, native, stream.device.backend)
                 exe.launch(stream)
                 replay_queued(pin)
-            else:
-                exe.launch(stream)
+            else:  # the host backend: the replay runs Python (host references, region callables)
+                self._replaying = threading.get_ident()
+                try:
+                    exe.launch(stream)
+                finally:
+                    self._replaying = 0
+
+    def _locked(self, what: str) -> threading.Lock:
+        """The graph's lock, refused to the host backend's replay of this graph itself: a host
+        reference or region callable that launches, syncs, updates, rebinds or closes the graph
+        it runs in would wait for its own launch forever."""
+        if self._replaying and self._replaying == threading.get_ident():
+            raise ScopeStateError(
+                diagnostic(
+                    f"cannot {what} graph #{self.id} from inside its own replay",
+                    [
+                        "a host reference or a captured region's host callable is running as part of this "
+                        "graph's launch on the host backend (on a GPU the replay runs no Python at all)"
+                    ],
+                    help=f"{what} the graph after graph.launch() returns, not from the work it replays",
+                )
+            )
+        return self._lock
 
     def update(self, op: GraphNode) -> None:
         """Run ``op`` on the graph's stream now, ordered after earlier replays (on any stream) and
@@ -171,7 +195,7 @@ class CudaGraph:
             stream.check_not_recording(f"update graph #{self.id}")
         if stream.foreign and stream.captured:  # before the wait below, which would join the capture
             raise stream.captured_error(f"update graph #{self.id}")
-        with self._lock:
+        with self._locked("update"):
             if self._exec is None:  # closed by another thread since the check above
                 raise self._closed_error("update")
             last = self._pin.last_stream
@@ -191,7 +215,7 @@ class CudaGraph:
         # Reports a GPU loop stopped by its max_iterations (_control). Under the lock: a replay
         # enqueued between the counters' read and their reset (a copy not ordered with the graph's
         # streams) would have its count and its report wiped.
-        with self._lock:
+        with self._locked("sync"):
             exe = self._exec  # the executable into= may have replaced
             if exe is not None:
                 exe.after_sync(self._last_launch)
@@ -199,7 +223,7 @@ class CudaGraph:
     def close(self) -> None:
         """Destroy the executable graph and release the pins on its tensors. Idempotent, and safe
         while a replay still runs: the memory is released after it (see ``_lifetime``)."""
-        with self._lock:
+        with self._locked("close"):
             exe, self._exec = self._exec, None
             self._last_launch = self._stream  # not another library's stream, kept alive
             if exe is not None:
@@ -265,7 +289,7 @@ class CudaGraph:
         updates inside conditional bodies). Same dtype, shape and device; the ownership rules are
         checked again with the new tensors and the pins move from ``old`` to ``new``. On any
         refusal the graph is unchanged (see ``scopegraph._update``)."""
-        with self._lock:
+        with self._locked("rebind"):
             exe = self._exec
             if exe is None:
                 raise self._closed_error("rebind")
@@ -291,7 +315,7 @@ class CudaGraph:
         """A clean exit of ``CudaGraph.scope(stream, into=self)``: take the new recording, by a
         whole-graph update when the topology matches, else by instantiating it. Raises with the
         graph unchanged; on success the scope's ``pin`` is merged into the graph's and released."""
-        with self._lock:
+        with self._locked("record into"):
             exe = self._exec
             if exe is None:
                 raise self._closed_error("record into")
@@ -344,7 +368,7 @@ class CudaGraph:
         ordering the tracker found. The CUDA graph itself leaves out the edges that others imply
         (a node waiting for two nodes of one chain waits for the later one only; see
         ``scopegraph._tracker.without_implied``), which orders the same work."""
-        with self._lock:  # a recording into the graph (into=) meanwhile replaces its nodes
+        with self._locked("read the edges of"):  # a recording into= the graph replaces its nodes
             return [(d, n.index) for n in self.nodes for d in sorted(n.deps)]
 
     @property
@@ -352,7 +376,7 @@ class CudaGraph:
         """The edges that are programmatic (a subset of ``edges``; those the CUDA graph keeps are
         programmatic there): between PDL kernels, on a GPU of sm_90 or later; empty on the host
         backend, below sm_90 and for ``CudaGraph.scope(stream, pdl=False)`` (see ``scopegraph._pdl``)."""
-        with self._lock:
+        with self._locked("read the edges of"):
             if not self.executable.pdl:
                 return []
             return [(d, n.index) for n in self.nodes for d in sorted(n.programmatic)]

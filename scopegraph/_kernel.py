@@ -26,7 +26,7 @@ import numpy as np
 from ._borrow import Borrow
 from ._compile import check_options, code_only, may_wait
 from ._dtypes import DType, as_dtype, dtype_of_annotation
-from ._errors import SignatureError, diagnostic
+from ._errors import ScopeGraphError, SignatureError, diagnostic
 from ._ops import GraphNode, borrowed_tensor
 from ._params import Param
 from ._tensor import MAX_DIMS, Mut, Tensor
@@ -634,7 +634,7 @@ class Kernel(Generic[P]):
         grid = _dim3(launch[0], "grid", self.cpp_name)
         block = _dim3(launch[1], "block", self.cpp_name)
         if self.launch_check is not None:
-            problem = self.launch_check(grid, block, self.template_args)
+            problem = _launch_problem(self, grid, block)
             if problem:
                 raise SignatureError(
                     diagnostic(
@@ -651,6 +651,24 @@ class Kernel(Generic[P]):
                 self._launchers.clear()
             self._launchers[launch] = launcher
         return launcher
+
+
+def _launch_problem(kernel: Kernel[Any], grid: tuple[int, int, int], block: tuple[int, int, int]) -> object:
+    """What the declaration's ``launch_check`` says of this launch shape (None: it runs)."""
+    assert kernel.launch_check is not None
+    try:
+        return kernel.launch_check(grid, block, kernel.template_args)
+    except ScopeGraphError:
+        raise
+    except Exception as exc:
+        raise SignatureError(
+            diagnostic(
+                f"the launch_check of `{kernel.name_expression}` raised {type(exc).__name__} "
+                f"for [{grid}, {block}]: {exc}",
+                ["launch_check(grid, block, template_args) says why a shape cannot run (a str), or None"],
+                help="make the check return its reason instead of raising (its traceback is this error's cause)",
+            )
+        ) from exc
 
 
 class Launcher(Generic[P, Name]):

@@ -236,7 +236,8 @@ class Tensor:
 
     def freeze(self) -> Tensor:
         """Make this tensor's memory read-only (weights): any later mutable borrow is a BorrowError,
-        also through an op built before this call. Refused while a live graph writes the tensor."""
+        also through an op built before this call. Refused while a live graph writes the tensor,
+        and while another library holds a writable zero-copy export of it (DLPack)."""
         self.check_alive()
         alloc = self._alloc
         start = alloc.address + self.offset
@@ -251,7 +252,21 @@ class Tensor:
                     help="close the graph that writes it first (graph.close()), or freeze it before recording",
                 )
             )
-        self.device.memory.freeze(alloc, start, end)
+        with EXPORTS:  # an export made meanwhile sees the memory frozen (and is read-only)
+            exported = [r for a in alloc.aliases() for r in a.writable_exports if r[0] < end and start < r[1]]
+            if exported:
+                raise BorrowError(
+                    diagnostic(
+                        f"cannot freeze `{self.name}`: another library holds a writable zero-copy export of it",
+                        [
+                            f"{len(exported)} array(s) made through DLPack (torch.from_dlpack, cupy.from_dlpack, "
+                            "numpy.from_dlpack) alias its memory and may write it, frozen or not"
+                        ],
+                        help="drop those arrays first (del them), or freeze before exporting: "
+                        "an export of frozen memory is read-only",
+                    )
+                )
+            self.device.memory.freeze(alloc, start, end)
         return self
 
     @property

@@ -118,6 +118,64 @@ def test_a_host_reference_that_writes_a_read_tensor_is_a_borrow_error_naming_it(
     assert_stream_usable(dev.stream())
 
 
+@sg.kernel("")
+def _models(out: sg.Mut[sg.Tensor], how: sg.i32) -> None:
+    """A kernel whose host reference (the user's numpy model of it) has bugs of its own."""
+
+
+@_models.host
+def _models_host(out: Any, how: Any) -> None:
+    if how == 0:
+        out[:] = out + None  # numpy's TypeError
+    elif how == 1:
+        out[:] = float("not a number")  # a ValueError that is no access past a view
+    elif how == 2:
+        out[:] = dict[str, float]()["missing"]
+    else:
+        out[:] = np.ones(5, np.float32)  # numpy's broadcast error: a shape the reference got wrong
+
+
+@pytest.mark.parametrize(
+    ("how", "error", "message"),
+    [
+        (0, sg.HostReferenceError, r"raised TypeError: unsupported operand"),
+        (1, sg.HostReferenceError, r"raised ValueError: could not convert"),
+        (2, sg.HostReferenceError, r"raised KeyError: 'missing'"),
+        (-1, sg.BoundsError, r"failed: could not broadcast"),
+    ],
+    ids=["type", "value", "key", "shape"],
+)
+def test_a_host_reference_that_fails_on_its_own_is_a_host_reference_error(
+    how: int, error: type[sg.ScopeGraphError], message: str
+) -> None:
+    """A TypeError or KeyError in a reference escaped bare, and a ValueError unrelated to sizes
+    became a BoundsError whose help spoke of reading past a tensor; an access past a view (or
+    views of shapes that differ) is still a BoundsError."""
+    dev = sg.device("host")
+    out = dev.zeros((4,), name="out")
+    with pytest.raises(error, match=message) as info:
+        dev.stream().run(_models[1, 4](out.mut(), how))
+    text = str(info.value)
+    assert "host reference of `_models`" in text and "out: out (4,)" in text and "\nhelp: " in text, text
+    assert info.value.__cause__ is not None
+    assert_stream_usable(dev.stream())
+
+
+def _raising_check(grid: Any, block: Any, template_args: Any) -> str | None:
+    raise RuntimeError("the check itself is broken")
+
+
+@sg.kernel("", launch_check=_raising_check)
+def _checked(out: sg.Mut[sg.Tensor]) -> None:
+    """A kernel whose launch_check raises instead of returning its reason."""
+
+
+def test_a_launch_check_that_raises_is_a_signature_error() -> None:
+    with pytest.raises(sg.SignatureError, match=r"launch_check of `_checked` raised RuntimeError") as info:
+        _checked[1, 32]
+    assert isinstance(info.value.__cause__, RuntimeError) and "\nhelp: " in str(info.value)
+
+
 @sg.kernel("", touches={"out": "n // k"})
 def _chunks(out: sg.Mut[sg.Tensor], n: sg.i32, k: sg.i32) -> None:
     """Touches n // k elements of out."""

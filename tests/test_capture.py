@@ -627,6 +627,60 @@ def test_a_host_callable_that_goes_past_its_views_is_a_bounds_error(
     assert_stream_usable(stream)
 
 
+def test_a_host_callable_that_fails_on_its_own_is_a_host_reference_error() -> None:
+    """numpy's TypeError (a UFuncTypeError) and a KeyError from a region's host callable escaped
+    bare at the replay."""
+    dev = sg.device("host")
+    stream = dev.stream()
+    c = dev.zeros((4,), name="c")
+    for host, message in (
+        (lambda c: c + "x", r"raised UFuncTypeError"),
+        (lambda c: dict[str, float]()["k"], r"raised KeyError"),
+    ):
+        with CudaGraph.scope(stream) as s, s.capture(writes=[c.mut()], host=host, name="buggy"):
+            pass
+        with s.graph as graph, pytest.raises(sg.HostReferenceError, match=message) as info:
+            graph.launch()
+        assert "host callable of captured region `buggy`" in str(info.value) and info.value.__cause__ is not None
+    assert_stream_usable(stream)
+
+
+@pytest.mark.parametrize("what", ["launch", "sync", "update", "rebind", "close", "read the edges of"])
+def test_a_host_callable_that_touches_its_own_graph_is_refused(what: str) -> None:
+    """The host backend runs a region's callable inside the graph's launch, which holds the
+    graph's lock: a callable that launched, synced, updated, rebound or closed that graph waited
+    for itself forever. It is a ScopeStateError now, and the graph replays again afterwards."""
+    dev = sg.device("host")
+    c = dev.zeros((4,), name="c")
+    graphs: list[CudaGraph] = []
+    touch = [True]
+
+    def host(view: NDArray) -> None:
+        view += 1.0
+        if touch[0]:
+            graph = graphs[0]
+            actions: dict[str, Callable[[], object]] = {
+                "launch": graph.launch,
+                "sync": graph.sync,
+                "update": lambda: graph.update(sg.memset(c.mut(), 0.0)),
+                "rebind": lambda: graph.rebind({}),
+                "close": graph.close,
+                "read the edges of": lambda: graph.edges,
+            }
+            actions[what]()
+
+    with CudaGraph.scope(dev.stream()) as s, s.capture(writes=[c.mut()], host=host):
+        pass
+    graphs.append(s.graph)
+    with pytest.raises(sg.ScopeStateError, match=rf"cannot {what} graph #\d+ from inside its own replay"):
+        s.graph.launch()
+    touch[0] = False
+    s.graph.launch()
+    s.graph.sync()
+    np.testing.assert_array_equal(c.numpy(), 2.0)
+    s.graph.close()
+
+
 # -- CUDA: PyTorch, CuPy, and the refusals the driver makes -------------------------------------
 
 

@@ -105,6 +105,24 @@ def test_a_view_is_refused_exactly_when_it_overlaps_frozen_bytes(sg_device: sg.D
         assert capsule_flags(alias) & READ_ONLY
 
 
+def test_freeze_is_refused_while_a_writable_export_of_those_bytes_lives(sg_device: sg.Device) -> None:
+    """Another library's writable alias may write the memory whatever scopegraph says: freeze()
+    waits for it to go (the tensor froze, and its bytes then changed through the alias). An export
+    of other bytes, and a read-only one, do not stand in the way. (A capsule not yet consumed is
+    such an export: it holds the memory as the consumer's array would.)"""
+    x = sg_device.zeros((16,), name="x")
+    capsule = x[0:8].__dlpack__(**export_kwargs(sg_device, max_version=VERSIONED))
+    with pytest.raises(sg.BorrowError, match="holds a writable zero-copy export") as info:
+        x[4:12].freeze()
+    assert "\nhelp: " in str(info.value) and not x.frozen
+    x[8:16].freeze()
+    del capsule
+    x.freeze()
+    alias = x.__dlpack__(**export_kwargs(sg_device, max_version=VERSIONED, copy=False))
+    x[0:4].freeze()  # again, with a read-only alias alive
+    assert capsule_flags(alias) & READ_ONLY and x.allocation.writable_exports == []
+
+
 def test_copy_true_exports_a_writable_copy_of_its_own(sg_device: sg.Device) -> None:
     """What the help line names: copy=True gives memory of the consumer's own, frozen or not (on a
     GPU scopegraph makes the copy: cuda.core exports only aliases)."""
@@ -292,6 +310,35 @@ def test_free_is_refused_while_a_gpu_alias_lives(cuda: sg.Device, library: str) 
     assert float(alias[0]) == 1.0
     del alias
     x.free()
+
+
+def test_freeze_is_refused_while_a_numpy_alias_lives(host: sg.Device) -> None:
+    x = host.zeros((4,), name="x")
+    alias = numpy_import(x)
+    with pytest.raises(sg.BorrowError, match="writable zero-copy export"):
+        x.freeze()
+    alias[0] = 99.0  # still the user's to write, as the refusal left it
+    del alias
+    np.testing.assert_array_equal(x.freeze().numpy(), [99.0, 0.0, 0.0, 0.0])
+
+
+def test_a_writable_export_racing_a_freeze_is_refused(host: sg.Device, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another thread freezes the tensor after the export found it mutable and before the export
+    holds it (played here from inside the export): the export is refused, not a writable alias of
+    frozen memory."""
+    from scopegraph._backends import _host
+
+    x = host.zeros((16,), name="x")
+    view_of = _host._array
+
+    def frozen_meanwhile(tensor: sg.Tensor, writable: bool) -> NDArray:
+        x.freeze()
+        return view_of(tensor, writable)
+
+    monkeypatch.setattr(_host, "_array", frozen_meanwhile)
+    with pytest.raises(sg.BorrowError, match="it was frozen meanwhile"):
+        numpy_import(x)
+    assert x.allocation.exports == 0 and x.allocation.writable_exports == []
 
 
 def test_an_export_racing_a_free_is_refused(host: sg.Device, monkeypatch: pytest.MonkeyPatch) -> None:

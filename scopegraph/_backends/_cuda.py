@@ -1012,11 +1012,12 @@ class CudaBackend:
         # cuda.core would drop the read-only flag from an unversioned capsule: Tensor.__dlpack__
         # refuses those for frozen tensors.
         # Owned by an Export as long as the consumer's array lives: free() refuses meanwhile.
+        writable = not tensor.frozen
         view = StridedMemoryView.from_buffer(
-            self._view(tensor, Export(tensor.allocation)),
+            self._view(tensor, Export.of(tensor, writable)),
             tensor.shape,
             dtype=tensor.dtype.numpy,
-            is_readonly=tensor.frozen,
+            is_readonly=not writable,
         )
         try:
             return view.__dlpack__(stream=-1, **options)

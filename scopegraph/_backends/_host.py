@@ -11,8 +11,9 @@ the whole library (and users' graph programs) can be tested on machines without 
   result in tests, reproducibly, instead of hiding behind record order.
 - A reference gets exactly each tensor's view (read-only for shared borrows), as a
   :class:`HostView`: a numpy array whose indexing refuses slices past the view (numpy would clip
-  them silently). An IndexError or ValueError the reference raises (an access past the view)
-  becomes a BoundsError naming the launch; a write to a read-only view, a BorrowError.
+  them silently). An access past the view the reference makes (numpy's IndexError, its
+  broadcast and shape errors) becomes a BoundsError naming the launch; a write to a read-only
+  view, a BorrowError; anything else it raises, a HostReferenceError (the exception its cause).
 """
 
 from __future__ import annotations
@@ -32,7 +33,14 @@ import numpy as np
 from .._allocation import Export
 from .._capture import Captured
 from .._control import Body, ControlNode, While, levels
-from .._errors import BorrowError, BoundsError, NoHostReferenceError, PdlWaitError, diagnostic
+from .._errors import (
+    BorrowError,
+    NoHostReferenceError,
+    PdlWaitError,
+    ScopeGraphError,
+    diagnostic,
+    host_code_failed,
+)
 from .._kernel import KernelLaunch
 from .._ops import GraphNode, Memcpy, Memset, unknown_kind
 from .._tensor import Tensor
@@ -158,12 +166,14 @@ def _array(tensor: Tensor, writable: bool, cls: type[NDArray] = np.ndarray) -> N
 
 class _Exported:
     """A host tensor's numpy view as the base of a DLPack export: the consumer's array keeps it,
-    and with it an Export of the allocation (free() refuses while it lives, as on a GPU)."""
+    and with it an Export of the allocation (free() refuses while it lives, and freeze() while it
+    is writable, as on a GPU)."""
 
-    def __init__(self, view: NDArray, alloc: Allocation) -> None:
+    def __init__(self, tensor: Tensor) -> None:
+        writable = not tensor.frozen
+        self.view = view = _array(tensor, writable)
         self.__array_interface__ = view.__array_interface__
-        self.view = view
-        self.export = Export(alloc)
+        self.export = Export.of(tensor, writable)
 
 
 def _host_view(tensor: Tensor, writable: bool) -> NDArray:
@@ -214,8 +224,10 @@ def _thunk(
     def run() -> None:
         try:
             fn(*bound, **launch)
-        except ValueError as exc:
-            if "read-only" not in str(exc):  # numpy's "assignment destination is read-only"
+        except ScopeGraphError:
+            raise
+        except Exception as exc:
+            if not (isinstance(exc, ValueError) and "read-only" in str(exc)):  # numpy's "destination is read-only"
                 raise _reference_failed(op, exc) from exc
             raise BorrowError(
                 diagnostic(
@@ -232,24 +244,21 @@ def _thunk(
                     "(scopegraph orders writers after readers only if it knows); otherwise fix the reference",
                 )
             ) from exc
-        except IndexError as exc:
-            raise _reference_failed(op, exc) from exc
 
     return run
 
 
-def _reference_failed(op: KernelLaunch, exc: Exception) -> BoundsError:
-    return BoundsError(
-        diagnostic(
-            f"the host reference of `{op.name}` failed: {exc}",
-            [
-                f"launched as {op.name}[{op.grid}, {op.block}]",
-                *(f"{b.param}: {b.tensor.name} {b.tensor.shape}" for b in op.borrows),
-            ],
-            help="the launch reads or writes past a tensor it was given (on a GPU: an illegal address), "
-            "or combines views whose shapes differ; check its size arguments and shapes, or declare "
-            "the sizes with @sg.kernel(..., touches=...)",
-        )
+def _reference_failed(op: KernelLaunch, exc: Exception) -> ScopeGraphError:
+    return host_code_failed(
+        f"the host reference of `{op.name}`",
+        exc,
+        [
+            f"launched as {op.name}[{op.grid}, {op.block}]",
+            *(f"{b.param}: {b.tensor.name} {b.tensor.shape}" for b in op.borrows),
+        ],
+        "the launch reads or writes past a tensor it was given (on a GPU: an illegal address), "
+        "or combines views whose shapes differ; check its size arguments and shapes, or declare "
+        "the sizes with @sg.kernel(..., touches=...)",
     )
 
 
@@ -452,7 +461,7 @@ class HostBackend:
     def dlpack(self, tensor: Tensor, stream: int | None, options: dict[str, Any]) -> object:
         # numpy flags a read-only array's versioned (DLPack 1.x) capsule read-only and makes the copy
         # for copy=True; Tensor.__dlpack__ refuses the frozen exports that could not carry the flag.
-        return np.asarray(_Exported(_array(tensor, not tensor.frozen), tensor.allocation)).__dlpack__(**options)
+        return np.asarray(_Exported(tensor)).__dlpack__(**options)
 
     def dlpack_device(self) -> tuple[int, int]:
         return (1, 0)  # kDLCPU
