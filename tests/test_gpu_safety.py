@@ -129,15 +129,17 @@ def test_memory_read_on_many_streams_keeps_marks_and_still_outlives_their_work(c
 
     src, dst = cuda.full((N,), 1.0, name="src"), cuda.zeros((N,), name="dst")
     slow = cuda.stream()
-    slow.run(slow_copy[N // 256, 256](dst.mut(), src, N, CYCLES))
+    slow.run(slow_copy[N // 256, 256](dst.mut(), src, N, 10 * CYCLES))  # about a second
+    finished = slow.native.record()  # type: ignore[attr-defined]
     quick = []
-    for i in range(3 * MANY_USERS):
+    for i in range(MANY_USERS + 8):  # (with 32 or so streams alive, creating one more waited for the GPU)
         stream = cuda.stream()
         out = cuda.zeros((N,), name=f"out{i}")
         stream.run(sg.memcpy(out.mut(), src))
         quick.append((stream, out))
     users = src.allocation.users  # marks (of the slow kernel's work, of copies not yet done), streams since
     assert slow.native not in users and sum(stream.native in users for stream, _ in quick) < MANY_USERS
+    assert not finished.is_done, "the slow kernel finished before the free: the test proves nothing"
     src.free()
     _reuse_freed_memory(cuda, 7.0)
     slow.sync()
