@@ -45,6 +45,7 @@ from sortedcontainers import SortedDict
 
 from ._errors import BorrowError, LifetimeError
 from ._intervals import overlapping
+from ._lifetime import MANY_USERS
 
 if TYPE_CHECKING:
     from ._device import Device
@@ -154,15 +155,22 @@ class MemoryMap:
         finally:
             self._lock.release()
 
-    def freeze(self, alloc: Allocation, start: int, end: int) -> None:
-        """Make [start, end) of ``alloc``'s memory read-only: under the lock, where register() and
-        splits move frozen ranges between regions."""
-        with self._lock:
+    def freeze(self, alloc: Allocation, start: int, end: int) -> int:
+        """Make [start, end) of ``alloc``'s memory read-only, unless a writable zero-copy export
+        of any of it is alive (another library may write through it): returns how many are (0:
+        frozen). Under the lock, where register() and splits move frozen ranges between regions,
+        and EXPORTS inside it, where exports are made and checked (``Export``; a finalizer that
+        drops one takes only EXPORTS, so it may run inside register without a deadlock)."""
+        with self._lock, EXPORTS:
+            exported = sum(1 for a in alloc.aliases() for s, e in a.writable_exports if s < end and start < e)
+            if exported:
+                return exported
             frozen = alloc.region.frozen
             # A range already frozen is not added again: the list lives as long as the memory's
             # wrappers do, and a program may freeze a fresh wrapper of its weights every step.
             if not any(s <= start and end <= e for s, e in frozen):
                 frozen.append((start, end))
+            return 0
 
     def unregister(self, address: int, alloc_id: int) -> None:
         """Called when an allocation is released (it may already be garbage, so by id and address).
@@ -250,6 +258,7 @@ class Allocation:
         "exports",
         "freed",
         "id",
+        "look_at",
         "name",
         "nbytes",
         "pins",
@@ -277,8 +286,11 @@ class Allocation:
         self.pins: dict[int, Pin] = {}
         self.region = Region(address, address + nbytes)
         # What ran work on this memory, its release waits for it (_lifetime): the native streams
-        # of eager work, and marks (events) of the replays of graphs that let it go.
+        # of eager work, and marks (events) of the replays of graphs that let it go; those whose
+        # work has finished are dropped now and then (let_finished_users_go, hand_on).
         self.users: set[object] = set()
+        # How many users an eager use may leave before it drops those whose work has finished.
+        self.look_at = MANY_USERS
         # A mark of the last replay of each graph released since it pinned this memory (on CUDA
         # an event; its stream while a capture forbids events), with the streams whose eager work
         # has waited for that replay (_lifetime.note_eager_use); passed marks are dropped. Replaced

@@ -252,12 +252,10 @@ def diagnostic(headline: str, notes: Iterable[str] = (), help: str = "") -> str:
 def host_code_failed(what: str, exc: Exception, notes: list[str], bounds_help: str) -> ScopeGraphError:
     """The error for user code the host backend ran (``what``: a kernel's host reference, a
     region's host callable) that raised ``exc``: a BoundsError for an access past a view, a write
-    to a read-only one, or views whose shapes differ (numpy's IndexError, and its read-only,
-    broadcast and shape errors); a HostReferenceError for anything else it raised."""
+    to a read-only one, or views whose shapes differ (numpy's IndexError, and its read-only and
+    broadcast errors); a HostReferenceError for anything else it raised."""
     text = str(exc)
-    if isinstance(exc, IndexError) or (
-        isinstance(exc, ValueError) and any(word in text for word in ("broadcast", "shape", "read-only"))
-    ):
+    if isinstance(exc, IndexError) or (isinstance(exc, ValueError) and ("broadcast" in text or "read-only" in text)):
         return BoundsError(diagnostic(f"{what} failed: {exc}", notes, help=bounds_help))
     return HostReferenceError(
         diagnostic(

@@ -8,8 +8,10 @@ Two rules keep memory valid while the GPU uses it:
    unpins.
 2. **Device lifetime.** Memory goes back to the pool only after every piece of GPU work that used
    it has finished. Each allocation records what ran work on it
-   (``alloc.users``: eager ops, and at unpin marks of its graphs' replays: events, which let
-   the streams go and are dropped once they have passed; see :class:`ReplayMarks`). Its
+   (``alloc.users``: the streams of eager ops, and at unpin marks of its graphs' replays:
+   events, which let the streams go; see :class:`ReplayMarks`); those whose work has finished
+   are dropped now and then (a passed mark, an idle stream: :func:`let_finished_users_go`), so
+   memory used on many streams does not keep them all alive. Its
    release (:func:`track`: on ``free()``, or when the allocation is collected) hands the storage
    to the backend's ``retire``, which orders the free after that work with events and
    stream-ordered deallocation. Nothing synchronises the device.
@@ -307,8 +309,8 @@ def note_eager_use(borrows: Iterable[Borrow], native_stream: object, backend: Ba
         users = alloc.users
         if native_stream not in users:
             users.add(native_stream)
-            if len(users) >= MANY_USERS:
-                trade_streams_for_marks(users, native_stream, backend)
+            if len(users) >= alloc.look_at:
+                let_finished_users_go(alloc, native_stream, backend)
         if alloc.pins or alloc.closed_replays or len(alloc.region.members) > 1:
             for a in alloc.aliases():
                 # Every wrapper of the memory: the one used here may be dropped first, and the
@@ -323,26 +325,23 @@ def note_eager_use(borrows: Iterable[Borrow], native_stream: object, backend: Ba
                         _after_replay(native_stream, last, caught, backend)
 
 
-# How many streams and marks an allocation's eager use lets it keep before it trades the streams
-# for marks (see trade_streams_for_marks).
+# How many streams and marks an eager use lets an allocation hold before it looks for those whose
+# work has finished (see let_finished_users_go).
 MANY_USERS = 16
 
 
-def trade_streams_for_marks(users: set[object], current: object, backend: Backend) -> None:
+def let_finished_users_go(alloc: Allocation, current: object, backend: Backend) -> None:
     """Memory used eagerly on many streams (a long-lived tensor, a stream per request) kept every
-    one of them alive, and a new graph's first replay waited on each. Past ``MANY_USERS``, each
-    user other than ``current`` (whose work is about to be queued) becomes a mark of the work
-    queued on it so far, and the marks that have passed go. ``queued_on`` puts the stream back
-    after its work is queued: another thread may be between its own note and enqueue here."""
+    one of them alive, and a new graph's first replay waited on each. Once it holds
+    ``alloc.look_at`` users, those whose work has finished go (idle streams of scopegraph's own,
+    marks that have passed), but never ``current``, whose work is about to be queued; the next
+    look comes when the users that stay have doubled, so a busy GPU costs an op O(1) queries.
+    ``queued_on`` puts a stream back after its work is queued: another thread may be between its
+    own note and enqueue here."""
+    users = alloc.users
     marks = ReplayMarks()
-    for user in list(users):
-        if user is not current:
-            mark = marks.of(backend, user)  # a mark stands for itself
-            if marks.passed(backend, mark):
-                users.discard(user)
-            elif mark is not user:
-                users.discard(user)
-                users.add(mark)
+    users.difference_update([user for user in list(users) if user is not current and marks.passed(backend, user)])
+    alloc.look_at = max(MANY_USERS, 2 * len(users))
 
 
 def queued_on(borrows: Iterable[Borrow], native_stream: object) -> None:
@@ -353,7 +352,7 @@ def queued_on(borrows: Iterable[Borrow], native_stream: object) -> None:
     memory in between (recorded, rebound) took the stream from ``users`` too early in the same way."""
     for b in borrows:
         alloc = b.alloc
-        alloc.users.add(native_stream)  # again, if another thread traded it for a mark meanwhile
+        alloc.users.add(native_stream)  # again, if another thread let it go meanwhile (idle before this work)
         if alloc.pins or len(alloc.region.members) > 1:
             for a in alloc.aliases():
                 pins = list(a.pins.values())

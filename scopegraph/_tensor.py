@@ -252,21 +252,19 @@ class Tensor:
                     help="close the graph that writes it first (graph.close()), or freeze it before recording",
                 )
             )
-        with EXPORTS:  # an export made meanwhile sees the memory frozen (and is read-only)
-            exported = [r for a in alloc.aliases() for r in a.writable_exports if r[0] < end and start < r[1]]
-            if exported:
-                raise BorrowError(
-                    diagnostic(
-                        f"cannot freeze `{self.name}`: another library holds a writable zero-copy export of it",
-                        [
-                            f"{len(exported)} array(s) made through DLPack (torch.from_dlpack, cupy.from_dlpack, "
-                            "numpy.from_dlpack) alias its memory and may write it, frozen or not"
-                        ],
-                        help="drop those arrays first (del them), or freeze before exporting: "
-                        "an export of frozen memory is read-only",
-                    )
+        exported = self.device.memory.freeze(alloc, start, end)
+        if exported:
+            raise BorrowError(
+                diagnostic(
+                    f"cannot freeze `{self.name}`: another library holds a writable zero-copy export of it",
+                    [
+                        f"{exported} array(s) made through DLPack (torch.from_dlpack, cupy.from_dlpack, "
+                        "numpy.from_dlpack) alias its memory and may write it, frozen or not"
+                    ],
+                    help="drop those arrays first (del them), or freeze before exporting: "
+                    "an export of frozen memory is read-only",
                 )
-            self.device.memory.freeze(alloc, start, end)
+            )
         return self
 
     @property
@@ -417,11 +415,13 @@ class Tensor:
             )
         if copy is not None:
             copy = bool(copy)
-        if self.frozen and not copy:
+        frozen = self.frozen  # once: a freeze on another thread meanwhile makes the export refuse (Export)
+        if frozen and not copy:
             versioned = max_version is not None and max_version >= (1, 0)
             if not (copy is False and versioned):
                 raise FrozenExportError.refusing(self.name, "dlpack" if versioned else "dlpack 0.x")
-        return self.device.backend.dlpack(self, stream, {**kwargs, "copy": copy} if "copy" in kwargs else kwargs)
+        options = {**kwargs, "copy": copy} if "copy" in kwargs else kwargs
+        return self.device.backend.dlpack(self, stream, options, not frozen)
 
     def __dlpack_device__(self) -> tuple[int, int]:
         return self.device.backend.dlpack_device()

@@ -312,6 +312,25 @@ def test_free_is_refused_while_a_gpu_alias_lives(cuda: sg.Device, library: str) 
     x.free()
 
 
+@pytest.mark.sg_cuda
+def test_a_gpu_export_racing_a_freeze_is_refused(cuda: sg.Device, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another thread freezes the tensor while its unversioned export (which cannot say
+    "read-only") waits for the tensor's work: the export is refused. The backend read `frozen`
+    again after the wait and asked for a read-only alias, whose flag cuda.core drops from such a
+    capsule: torch or CuPy would have got a writable alias of frozen memory."""
+    x = cuda.zeros((16,), name="x")
+    settle = cuda.backend._settle  # type: ignore[attr-defined]
+
+    def frozen_meanwhile(*args: Any) -> Any:
+        x.freeze()
+        return settle(*args)
+
+    monkeypatch.setattr(cuda.backend, "_settle", frozen_meanwhile)
+    with pytest.raises(sg.BorrowError, match="it was frozen meanwhile"):
+        x.__dlpack__()
+    assert x.frozen and x.allocation.exports == 0 and x.allocation.writable_exports == []
+
+
 def test_freeze_is_refused_while_a_numpy_alias_lives(host: sg.Device) -> None:
     x = host.zeros((4,), name="x")
     alias = numpy_import(x)
@@ -339,6 +358,55 @@ def test_a_writable_export_racing_a_freeze_is_refused(host: sg.Device, monkeypat
     with pytest.raises(sg.BorrowError, match="it was frozen meanwhile"):
         numpy_import(x)
     assert x.allocation.exports == 0 and x.allocation.writable_exports == []
+
+
+FREEZE_BESIDE_A_COLLECTED_EXPORT = """
+import gc, os, threading, time
+import numpy as np
+import scopegraph as sg
+
+dev = sg.device("host")
+x, y = dev.zeros((16,), name="x"), dev.zeros((16,), name="y")
+cycle = [np.from_dlpack(x)]  # a writable export of x, collected only by the garbage collector
+cycle.append(cycle)
+del cycle
+gc.disable()
+held = threading.Event()
+
+def register_collecting() -> None:  # as MemoryMap.register, when an allocation there collects
+    with dev.memory._lock:
+        held.set()
+        time.sleep(0.3)  # meanwhile the other thread calls y.freeze()
+        gc.collect()  # the export's finalizer runs here
+
+threading.Thread(target=register_collecting, daemon=True).start()
+held.wait()
+freezer = threading.Thread(target=y.freeze, daemon=True)
+freezer.start()
+freezer.join(5)
+print("deadlocked" if freezer.is_alive() else "froze", flush=True)
+os._exit(0)
+"""
+
+
+def test_a_freeze_beside_a_collected_export_does_not_deadlock() -> None:
+    """freeze() held the exports' lock while it waited for the memory map's, and garbage
+    collection under the memory map's lock (in register) ran an export's finalizer, which waits
+    for the exports' lock: a lock-order inversion. The memory map's lock comes first now."""
+    import subprocess
+    import sys
+
+    from .helpers import child_env
+
+    done = subprocess.run(
+        [sys.executable, "-c", FREEZE_BESIDE_A_COLLECTED_EXPORT],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.stdout.strip() == "froze", done.stdout + done.stderr
 
 
 def test_an_export_racing_a_free_is_refused(host: sg.Device, monkeypatch: pytest.MonkeyPatch) -> None:

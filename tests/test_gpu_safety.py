@@ -120,11 +120,10 @@ def test_free_while_a_kernel_reads_it(cuda: sg.Device) -> None:
     np.testing.assert_array_equal(dst.numpy(), 1.0)
 
 
-def test_memory_read_on_many_streams_keeps_marks_and_still_outlives_their_work(cuda: sg.Device) -> None:
+def test_memory_read_on_many_streams_lets_them_go_and_still_outlives_their_work(cuda: sg.Device) -> None:
     """A slow kernel reads `src` on one stream, then quick copies read it on many short-lived
-    streams: `src` trades those streams for marks of their work (it kept them all alive), and its
-    release still waits for the slow kernel (a mark that stood for finished work too early would
-    free `src` under it)."""
+    streams: `src` lets go of the streams whose work has finished (it kept them all alive), and its
+    release still waits for the slow kernel (a stream let go while busy would free `src` under it)."""
     from scopegraph._lifetime import MANY_USERS
 
     src, dst = cuda.full((N,), 1.0, name="src"), cuda.zeros((N,), name="dst")
@@ -137,8 +136,8 @@ def test_memory_read_on_many_streams_keeps_marks_and_still_outlives_their_work(c
         out = cuda.zeros((N,), name=f"out{i}")
         stream.run(sg.memcpy(out.mut(), src))
         quick.append((stream, out))
-    users = src.allocation.users  # marks (of the slow kernel's work, of copies not yet done), streams since
-    assert slow.native not in users and sum(stream.native in users for stream, _ in quick) < MANY_USERS
+    users = src.allocation.users  # the busy slow stream, the quick ones since the last look
+    assert slow.native in users and sum(stream.native in users for stream, _ in quick) < MANY_USERS
     assert not finished.is_done, "the slow kernel finished before the free: the test proves nothing"
     src.free()
     _reuse_freed_memory(cuda, 7.0)

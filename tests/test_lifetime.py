@@ -418,8 +418,6 @@ class Marks:
         monkeypatch.setattr(backend, "finished", lambda mark: mark in self.passed)
 
     def mark(self, stream: str) -> str:
-        if "@" in stream:  # a mark is its own
-            return stream
         self.made += 1
         return f"{stream}@{self.made}"
 
@@ -474,33 +472,52 @@ def test_a_capture_keeps_the_streams_a_mark_would_stand_for(monkeypatch: pytest.
     assert log.waits == [("S2", "S1")]
 
 
-def test_memory_used_eagerly_on_many_streams_trades_them_for_marks(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_memory_used_eagerly_on_many_streams_lets_the_finished_ones_go() -> None:
     """A long-lived x written eagerly on a new stream each time (a stream per request): x kept
-    every stream alive, and a new graph's first replay waited on each. Past MANY_USERS it keeps
-    marks of the streams' work instead, drops those that have passed, and keeps the stream whose
-    work is being queued; a stream that another thread was about to queue work on comes back
-    once that work is queued (its mark was made before it)."""
+    every stream alive, and a new graph's first replay waited on each. Once x holds MANY_USERS,
+    those whose work has finished go (idle streams), never the one whose work is being queued; a
+    stream that another thread was about to queue work on comes back once that work is queued.
+    With every stream busy, the next look waits until the users have doubled (a look per op cost
+    each op a query per stream)."""
     from scopegraph._lifetime import MANY_USERS, note_eager_use, queued_on
 
     dev, log = sg.device("host"), Log()
-    marks = Marks(monkeypatch, dev.backend)
-    backend = types.SimpleNamespace(  # what eager work on a GPU asks: waits logged, marks by name
-        wait_stream=log.wait_stream, mark=marks.mark, finished=lambda mark: not str(mark).startswith("S3@")
-    )  # S3's work still runs
+    busy: set[object] = {"S3"}
+    asked: list[object] = []
+
+    def finished(user: object) -> bool:
+        asked.append(user)
+        return user not in busy
+
+    backend = types.SimpleNamespace(wait_stream=log.wait_stream, finished=finished)  # a GPU's, streams by name
     x = dev.zeros((8,), name="x")
     for i in range(MANY_USERS - 2):
         eager_write(x, f"S{i}", backend)
     other = sg.memset(x.mut(), 5.0)
     note_eager_use(other.borrows, "T", backend)  # another thread, about to queue work on T
-    assert x.allocation.users == {*(f"S{i}" for i in range(MANY_USERS - 2)), "T"}
+    assert x.allocation.users == {*(f"S{i}" for i in range(MANY_USERS - 2)), "T"} and not asked
     eager_write(x, "U", backend)
-    running = next(user for user in x.allocation.users if str(user).startswith("S3@"))
-    assert x.allocation.users == {"U", running}  # U's work is being queued; S3's may still run
+    assert x.allocation.users == {"S3", "U"}  # S3's work still runs; U's is being queued
     queued_on(other.borrows, "T")  # the other thread's work is queued now
-    assert x.allocation.users == {"T", "U", running}
+    assert x.allocation.users == {"S3", "T", "U"}
 
     after = reading(x, "after")  # its first replay waits for what may still run, not for 16 streams
     log.waits.clear()
     replayed(after._pin, "R", log)
-    assert sorted(log.waits) == sorted([("R", "T"), ("R", "U"), ("R", running)])
+    assert sorted(log.waits) == [("R", "S3"), ("R", "T"), ("R", "U")]
     after.close()
+
+    users = x.allocation.users
+    busy |= {f"B{i}" for i in range(2 * MANY_USERS)} | users  # (users: the closed graph's replay too)
+    asked.clear()
+    for i in range(MANY_USERS - len(users) - 1):
+        eager_write(x, f"B{i}", backend)
+    assert not asked and len(users) == MANY_USERS - 1
+    eager_write(x, "B-last", backend)  # MANY_USERS users, all busy: nothing goes ...
+    assert len(asked) == MANY_USERS - 1 and len(users) == MANY_USERS
+    asked.clear()
+    for i in range(MANY_USERS, 2 * MANY_USERS - 1):  # ... and the next look waits for twice as many
+        eager_write(x, f"B{i}", backend)
+    assert not asked and len(users) == 2 * MANY_USERS - 1
+    eager_write(x, "B-next", backend)
+    assert len(asked) == 2 * MANY_USERS - 1

@@ -67,8 +67,8 @@ class Backend(Protocol):
 
     # marks: what stands for the work queued on a stream so far, once nothing new of a holder will
     # be queued there (a closed graph's replays). `wait_stream` and `retire` take marks as well as
-    # streams; a finished one can be dropped, and a mark lets its stream go (see _lifetime); the
-    # mark of a mark is itself
+    # streams; a finished one (a passed mark, an idle stream of scopegraph's own) can be dropped,
+    # and a mark lets its stream go (see _lifetime)
     def mark(self, stream: object) -> object: ...
     def finished(self, mark: object) -> bool: ...
 
@@ -88,5 +88,7 @@ class Backend(Protocol):
 
     # interop
     def ready_stream(self, alloc: Allocation) -> int | None: ...
-    def dlpack(self, tensor: Tensor, stream: int | None, options: dict[str, Any]) -> object: ...
+    # writable: whether the tensor was mutable when the export began (Tensor.__dlpack__ reads it
+    # once; an export of bytes frozen since is refused, see _allocation.Export)
+    def dlpack(self, tensor: Tensor, stream: int | None, options: dict[str, Any], writable: bool) -> object: ...
     def dlpack_device(self) -> tuple[int, int]: ...

@@ -642,8 +642,8 @@ class CudaBackend:
         there (``_waitable``; an event recorded there would be part of the capture). The stream
         itself while a region's capture forbids events to this thread (garbage collection closes
         graphs anywhere), while a captured stream has no such event, or when the record fails
-        (after a sticky fault): never raises, for it runs from finalizers. A mark is its own."""
-        if isinstance(stream, Event) or self._capturing():
+        (after a sticky fault): never raises, for it runs from finalizers."""
+        if self._capturing():
             return stream
         try:
             self.keep_current()
@@ -667,14 +667,16 @@ class CudaBackend:
         return bool(status == _CAPTURE_IMPLICIT)
 
     def finished(self, mark: object) -> bool:
-        """Whether ``mark``'s work has completed: an event that has passed. A stream never counts
-        (more may be queued on it), and nothing is asked while a region's capture forbids this
-        thread the query (see ``_capturing``). Never raises."""
-        if not isinstance(mark, Event) or self._capturing():
+        """Whether the work ``mark`` stands for has completed: an event that has passed, or one of
+        scopegraph's own streams with nothing left to run (more may be queued there later: the
+        caller has noted what it stood for). Never another library's stream (a query of a stream
+        it captures would break the capture), and nothing is asked while a region's capture forbids
+        this thread the query (see ``_capturing``). Never raises."""
+        if self._capturing() or (not isinstance(mark, Event) and mark in self._foreign):
             return False
         try:
             with relaxed_capture_mode():
-                return bool(mark.is_done)
+                return _finished_now(mark)
         except Exception:
             return False
 
@@ -795,10 +797,12 @@ class CudaBackend:
                     f"running `{op.name}` on stream #{stream.id}", exc, describe_work(self.last_work)
                 ) from exc
         finally:
-            if borrows:
-                queued_on(borrows, native_stream)
+            # The event after this work first: once queued_on makes the stream pending, another
+            # thread's replay may wait for it, by that event while another library captures it.
             if stream.foreign:
                 self.worked_on(stream)
+            if borrows:
+                queued_on(borrows, native_stream)
 
     # -- graphs ---------------------------------------------------------------------------
 
@@ -985,7 +989,7 @@ class CudaBackend:
             self.wait_stream(self.memory_stream, waited)
         return int(self.memory_stream.handle)
 
-    def dlpack(self, tensor: Tensor, stream: int | None, options: dict[str, Any]) -> object:
+    def dlpack(self, tensor: Tensor, stream: int | None, options: dict[str, Any], writable: bool) -> object:
         if options.get("copy"):
             # cuda.core exports only aliases, so the copy is scopegraph's own: a new allocation that
             # the capsule keeps alive (through the Buffer's owner), made after the work queued on the
@@ -995,7 +999,7 @@ class CudaBackend:
                 self.wait_stream(setup.native, user)
             tensor = setup.run(dup(tensor, name=f"copy of {tensor.name}"))
             setup.sync()
-            options = {**options, "copy": None}
+            options, writable = {**options, "copy": None}, True  # the consumer's own memory
         if stream is not None and stream != -1:
             if self.captures(stream):
                 # Another library captures there (torch.from_dlpack(t) inside torch.cuda.graph):
@@ -1012,7 +1016,6 @@ class CudaBackend:
         # cuda.core would drop the read-only flag from an unversioned capsule: Tensor.__dlpack__
         # refuses those for frozen tensors.
         # Owned by an Export as long as the consumer's array lives: free() refuses meanwhile.
-        writable = not tensor.frozen
         view = StridedMemoryView.from_buffer(
             self._view(tensor, Export.of(tensor, writable)),
             tensor.shape,

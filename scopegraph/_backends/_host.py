@@ -12,7 +12,7 @@ the whole library (and users' graph programs) can be tested on machines without 
 - A reference gets exactly each tensor's view (read-only for shared borrows), as a
   :class:`HostView`: a numpy array whose indexing refuses slices past the view (numpy would clip
   them silently). An access past the view the reference makes (numpy's IndexError, its
-  broadcast and shape errors) becomes a BoundsError naming the launch; a write to a read-only
+  broadcast errors) becomes a BoundsError naming the launch; a write to a read-only
   view, a BorrowError; anything else it raises, a HostReferenceError (the exception its cause).
 """
 
@@ -169,8 +169,7 @@ class _Exported:
     and with it an Export of the allocation (free() refuses while it lives, and freeze() while it
     is writable, as on a GPU)."""
 
-    def __init__(self, tensor: Tensor) -> None:
-        writable = not tensor.frozen
+    def __init__(self, tensor: Tensor, writable: bool) -> None:
         self.view = view = _array(tensor, writable)
         self.__array_interface__ = view.__array_interface__
         self.export = Export.of(tensor, writable)
@@ -458,10 +457,10 @@ class HostBackend:
     def ready_stream(self, alloc: Allocation) -> int | None:
         return None
 
-    def dlpack(self, tensor: Tensor, stream: int | None, options: dict[str, Any]) -> object:
+    def dlpack(self, tensor: Tensor, stream: int | None, options: dict[str, Any], writable: bool) -> object:
         # numpy flags a read-only array's versioned (DLPack 1.x) capsule read-only and makes the copy
         # for copy=True; Tensor.__dlpack__ refuses the frozen exports that could not carry the flag.
-        return np.asarray(_Exported(tensor)).__dlpack__(**options)
+        return np.asarray(_Exported(tensor, writable)).__dlpack__(**options)
 
     def dlpack_device(self) -> tuple[int, int]:
         return (1, 0)  # kDLCPU
