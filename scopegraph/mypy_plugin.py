@@ -31,13 +31,14 @@ and ``body.capture(...)``. Notes name each argument as written (``argument 2``, 
 
 A place is a name (``x``), an attribute path (``layer.w``, ``self.bufs.norm``) or a subscript by
 a literal or a name (``bufs[0]``, ``bufs[-1]``, ``cache["k"]``, ``layers[i]``), a slice among them
-(``x[0:4]``, ``x[i:n]``); a mutable borrow is ``place.mut()`` or ``sg.mut(place)``. Different
+(``x[0:4]``, ``x[i:n]``); a mutable borrow is ``place.mut()``, ``sg.mut(place)``, ``sg.Mut(place)``
+or ``Tensor.mut(place)``. Different
 places (``l.a`` and ``l.b``, ``bufs[0]`` and ``bufs[1]``, ``bufs[i]`` and ``bufs[j]``) pass. A
 call that assigns a name among its arguments (``:=``) has no places subscripted by a name; a
 function called among them that rebinds a global the subscripts use is not seen (silence that
 line).
 The error code ``scopegraph-borrow`` can be silenced per line like any other
-(``# type: ignore[scopegraph-borrow]``).
+(``# type: ignore[scopegraph-borrow]`` on the call's first line silences its notes too).
 
 It also names the kernel in mypy's messages for a launch (``Argument 1 to "axpy" has
 incompatible type ...``), through a variable that holds ``axpy[grid, block]`` too (a kernel held
@@ -70,10 +71,12 @@ through ``ParamSpec`` (count, names, ``Mut[Tensor]`` against ``Tensor``, scalar 
 
 from __future__ import annotations
 
+import inspect
 import json
 from collections.abc import Callable, Sequence
 
 from mypy.errorcodes import ARG_TYPE, ErrorCode
+from mypy.messages import MessageBuilder
 from mypy.nodes import (
     ARG_NAMED,
     ARG_POS,
@@ -125,7 +128,9 @@ _LAUNCHER_CALL = "scopegraph._kernel.Launcher.__call__"
 # functools.cache and functools.lru_cache wrap a function in an object whose __call__ returns the
 # function's return type: a cached helper that builds a graph node is checked like the helper.
 _LRU_CACHE_CALL = "functools._lru_cache_wrapper.__call__"
-_MUT_FUNCTIONS = ("scopegraph._tensor.mut",)
+# A mutable borrow by a call of one argument: sg.mut(x), sg.Mut(x) (and Tensor.mut(x), by the class).
+_MUT_FUNCTIONS = ("scopegraph._tensor.mut", "scopegraph._tensor.Mut")
+_TENSOR = "scopegraph._tensor.Tensor"
 # A captured region's node borrows what its writes= and reads= lists name (scopegraph._capture).
 _CAPTURES = ("scopegraph._scope.Scope.capture", "scopegraph._control.Body.capture")
 _PARAM = "scopegraph._params.Param"
@@ -211,7 +216,15 @@ def borrow_of(expr: Expression, by_name: bool = True) -> tuple[str, bool] | None
         if isinstance(callee, MemberExpr) and callee.name == "mut" and not expr.args:
             place = place_of(callee.expr, by_name=by_name)
             return None if place is None else (place, True)
-        if isinstance(callee, RefExpr) and callee.fullname in _MUT_FUNCTIONS and len(expr.args) == 1:
+        if len(expr.args) == 1 and (
+            (isinstance(callee, RefExpr) and callee.fullname in _MUT_FUNCTIONS)
+            or (  # Tensor.mut(x), through the class
+                isinstance(callee, MemberExpr)
+                and callee.name == "mut"
+                and isinstance(callee.expr, RefExpr)
+                and callee.expr.fullname == _TENSOR
+            )
+        ):
             place = place_of(expr.args[0], by_name=by_name)
             return None if place is None else (place, True)
         return None
@@ -311,16 +324,26 @@ def report_conflicts(ctx: FunctionContext | MethodContext, arguments: list[tuple
         reported.add(place)
         if mutable and was_mutable:
             ctx.api.fail(f"cannot borrow `{place}` as mutable more than once at a time", ctx.context, code=BORROW)
-            ctx.api.msg.note(f"first mutable borrow of `{place}` occurs here ({first_label})", first_arg, code=BORROW)
-            ctx.api.msg.note(f"second mutable borrow of `{place}` occurs here ({label})", arg, code=BORROW)
+            _note(ctx, f"first mutable borrow of `{place}` occurs here ({first_label})", first_arg)
+            _note(ctx, f"second mutable borrow of `{place}` occurs here ({label})", arg)
             continue
         # Worded as rustc does: the later borrow is the one refused.
         now, before = ("mutable", "immutable") if mutable else ("immutable", "mutable")
         ctx.api.fail(
             f"cannot borrow `{place}` as {now} because it is also borrowed as {before}", ctx.context, code=BORROW
         )
-        ctx.api.msg.note(f"{before} borrow of `{place}` occurs here ({first_label})", first_arg, code=BORROW)
-        ctx.api.msg.note(f"{now} borrow of `{place}` occurs here ({label})", arg, code=BORROW)
+        _note(ctx, f"{before} borrow of `{place}` occurs here ({first_label})", first_arg)
+        _note(ctx, f"{now} borrow of `{place}` occurs here ({label})", arg)
+
+
+# The call is each note's origin, so that a `# type: ignore[scopegraph-borrow]` on the call's line
+# silences the notes with the error, on whichever lines the arguments sit (a launch that a
+# formatter spread over lines). mypy 1.x names the parameter `origin`, 2.x `origin_context`.
+_ORIGIN = "origin_context" if "origin_context" in inspect.signature(MessageBuilder.note).parameters else "origin"
+
+
+def _note(ctx: FunctionContext | MethodContext, message: str, at: Expression) -> None:
+    ctx.api.msg.note(message, at, code=BORROW, **{_ORIGIN: ctx.context})  # type: ignore[arg-type]
 
 
 def check_scalars(ctx: MethodContext) -> None:

@@ -82,3 +82,28 @@ def test_messages_name_the_kernel_and_the_borrows(fail_results: tuple[dict[tuple
     assert "cannot borrow `y` as mutable because it is also borrowed as immutable" in output
     assert 'note: immutable borrow of `y` occurs here (argument "src")' in output
     assert "note: first mutable borrow of `bufs[0]` occurs here (writes[0])" in output
+
+
+def test_an_ignored_borrow_error_takes_its_notes_along(tmp_path: Path) -> None:
+    """A `# type: ignore[scopegraph-borrow]` on a call spread over lines (as a formatter writes a
+    long launch) silenced the error but left its two notes, on the arguments' lines, under no error."""
+    snippet = tmp_path / "spread.py"
+    snippet.write_text(
+        "import scopegraph as sg\n"
+        "from scopegraph import library\n"
+        "\n"
+        'x = sg.device("host").zeros((4,))\n'
+        "silenced = library.add_op(  # type: ignore[scopegraph-borrow]\n"
+        "    x.mut(),\n"
+        "    x,\n"
+        "    x,\n"
+        ")\n"
+        "reported = library.add_op(\n"
+        "    x.mut(),\n"
+        "    x,\n"
+        "    x,\n"
+        ")\n"
+    )
+    _, output = run_mypy([snippet])
+    lines = [line.split(": ", 1)[0].rsplit(":", 1)[-1] for line in output.splitlines() if line.startswith(str(snippet))]
+    assert lines == ["10", "11", "12"], output  # the second call's error, then a note on each borrow

@@ -73,3 +73,7 @@ with CudaGraph.scope(stream) as s:
         pass
     with s.while_(dev.zeros((1,), sg.i32)) as body, body.capture(writes=[x.mut()], reads=(x,)):  # E: scopegraph-borrow
         pass
+
+# The Mut constructor and the method through the class are mutable borrows too.
+sg.memcpy(sg.Mut(y), y)  # E: scopegraph-borrow
+library.add_op(Tensor.mut(y), y, x)  # E: scopegraph-borrow
