@@ -333,15 +333,35 @@ MANY_USERS = 16
 def let_finished_users_go(alloc: Allocation, current: object, backend: Backend) -> None:
     """Memory used eagerly on many streams (a long-lived tensor, a stream per request) kept every
     one of them alive, and a new graph's first replay waited on each. Once it holds
-    ``alloc.look_at`` users, those whose work has finished go (idle streams of scopegraph's own,
-    marks that have passed), but never ``current``, whose work is about to be queued; the next
-    look comes when the users that stay have doubled, so a busy GPU costs an op O(1) queries.
-    ``queued_on`` puts a stream back after its work is queued: another thread may be between its
-    own note and enqueue here."""
+    ``alloc.look_at`` users, those whose work has finished go (idle streams the program no longer
+    holds a Stream for, marks that have passed), but never ``current``, whose work is about to be
+    queued. A stream the program still holds stays: it lives anyway, and asking after it cost
+    each op a query in a program that takes turns on a pool of streams. The next look comes when
+    the users that stay have doubled, so a busy GPU costs an op O(1) queries. ``queued_on`` puts
+    a stream back after its work is queued: another thread may be between its own note and
+    enqueue here."""
     users = alloc.users
     marks = ReplayMarks()
-    users.difference_update([user for user in list(users) if user is not current and marks.passed(backend, user)])
+    users.difference_update(
+        [user for user in list(users) if user is not current and not held(user) and marks.passed(backend, user)]
+    )
     alloc.look_at = max(MANY_USERS, 2 * len(users))
+
+
+# The program's Stream for each backend stream, by the backend stream's id (stable while ``users``
+# hold it): see let_finished_users_go.
+_held_streams: weakref.WeakValueDictionary[int, object] = weakref.WeakValueDictionary()
+
+
+def hold(native_stream: object, stream: object) -> None:
+    """``stream`` (a Stream) wraps ``native_stream`` for as long as the program keeps it."""
+    _held_streams[id(native_stream)] = stream
+
+
+def held(user: object) -> bool:
+    """Whether the program still holds a Stream for ``user`` (a backend stream; a mark: never)."""
+    stream = _held_streams.get(id(user))
+    return stream is not None and getattr(stream, "native", None) is user
 
 
 def queued_on(borrows: Iterable[Borrow], native_stream: object) -> None:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, SupportsIndex, TypeVar
 
 from ._borrow import check_frozen
 from ._errors import NotAGraphNodeError, ScopeStateError, SignatureError, diagnostic, not_copyable
+from ._lifetime import hold
 from ._ops import GraphNode, Op, not_an_op
 
 if TYPE_CHECKING:
@@ -64,6 +65,7 @@ class Stream:
         if native is not None:
             with _by_handle_lock:
                 _by_handle.setdefault(_key(device, self.handle), self)
+            hold(native, self)
 
     # One Stream per CUDA stream (see from_handle): a copy is the stream itself.
     def __copy__(self) -> Stream:

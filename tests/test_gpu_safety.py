@@ -121,30 +121,29 @@ def test_free_while_a_kernel_reads_it(cuda: sg.Device) -> None:
 
 
 def test_memory_read_on_many_streams_lets_them_go_and_still_outlives_their_work(cuda: sg.Device) -> None:
-    """A slow kernel reads `src` on one stream, then quick copies read it on many short-lived
-    streams: `src` lets go of the streams whose work has finished (it kept them all alive), and its
-    release still waits for the slow kernel (a stream let go while busy would free `src` under it)."""
+    """A slow kernel reads `src` on one stream, then quick copies read it on many streams the
+    program drops at once (a stream per request): `src` lets go of those whose work has finished
+    (it kept them all alive), and its release still waits for the slow kernel (a stream let go
+    while busy would free `src` under it)."""
     from scopegraph._lifetime import MANY_USERS
 
     src, dst = cuda.full((N,), 1.0, name="src"), cuda.zeros((N,), name="dst")
     slow = cuda.stream()
     slow.run(slow_copy[N // 256, 256](dst.mut(), src, N, 10 * CYCLES))  # about a second
-    finished = slow.native.record()  # type: ignore[attr-defined]
-    quick = []
+    slow_native, finished = slow.native, slow.native.record()  # type: ignore[attr-defined]
+    del slow  # dropped too: only its work keeps it among the users
+    copies = []  # each copy's backend stream (not its Stream: the program dropped that) and output
     for i in range(MANY_USERS + 8):  # (with 32 or so streams alive, creating one more waited for the GPU)
-        stream = cuda.stream()
-        out = cuda.zeros((N,), name=f"out{i}")
+        stream, out = cuda.stream(), cuda.zeros((N,), name=f"out{i}")
         stream.run(sg.memcpy(out.mut(), src))
-        quick.append((stream, out))
-    users = src.allocation.users  # the busy slow stream, the quick ones since the last look
-    assert slow.native in users and sum(stream.native in users for stream, _ in quick) < MANY_USERS
+        copies.append((stream.native, out))
+    users = src.allocation.users  # the busy slow stream, the copies' streams since the last look
+    assert slow_native in users and sum(native in users for native, _ in copies) < MANY_USERS
     assert not finished.is_done, "the slow kernel finished before the free: the test proves nothing"
     src.free()
     _reuse_freed_memory(cuda, 7.0)
-    slow.sync()
-    np.testing.assert_array_equal(dst.numpy(), 1.0)
-    for stream, out in quick:
-        stream.sync()
+    np.testing.assert_array_equal(dst.numpy(), 1.0)  # (waits for the slow kernel)
+    for _, out in copies:
         np.testing.assert_array_equal(out.numpy(), 1.0)
 
 

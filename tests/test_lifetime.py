@@ -472,6 +472,13 @@ def test_a_capture_keeps_the_streams_a_mark_would_stand_for(monkeypatch: pytest.
     assert log.waits == [("S2", "S1")]
 
 
+class Wrapper:
+    """A program's Stream for a backend stream named by a string."""
+
+    def __init__(self, native: str) -> None:
+        self.native = native
+
+
 def test_memory_used_eagerly_on_many_streams_lets_the_finished_ones_go() -> None:
     """A long-lived x written eagerly on a new stream each time (a stream per request): x kept
     every stream alive, and a new graph's first replay waited on each. Once x holds MANY_USERS,
@@ -479,7 +486,7 @@ def test_memory_used_eagerly_on_many_streams_lets_the_finished_ones_go() -> None
     stream that another thread was about to queue work on comes back once that work is queued.
     With every stream busy, the next look waits until the users have doubled (a look per op cost
     each op a query per stream)."""
-    from scopegraph._lifetime import MANY_USERS, note_eager_use, queued_on
+    from scopegraph._lifetime import MANY_USERS, hold, note_eager_use, queued_on
 
     dev, log = sg.device("host"), Log()
     busy: set[object] = {"S3"}
@@ -491,33 +498,39 @@ def test_memory_used_eagerly_on_many_streams_lets_the_finished_ones_go() -> None
 
     backend = types.SimpleNamespace(wait_stream=log.wait_stream, finished=finished)  # a GPU's, streams by name
     x = dev.zeros((8,), name="x")
-    for i in range(MANY_USERS - 2):
-        eager_write(x, f"S{i}", backend)
+    names = [f"S{i}" for i in range(MANY_USERS - 2)]
+    kept = Wrapper(names[7])  # the program still holds a Stream for S7: it lives anyway, and stays
+    hold(names[7], kept)
+    for name in names:
+        eager_write(x, name, backend)
     other = sg.memset(x.mut(), 5.0)
     note_eager_use(other.borrows, "T", backend)  # another thread, about to queue work on T
-    assert x.allocation.users == {*(f"S{i}" for i in range(MANY_USERS - 2)), "T"} and not asked
+    assert x.allocation.users == {*names, "T"} and not asked
     eager_write(x, "U", backend)
-    assert x.allocation.users == {"S3", "U"}  # S3's work still runs; U's is being queued
+    assert x.allocation.users == {"S3", "S7", "U"}  # S3's work still runs; U's is being queued
+    assert "S7" not in asked
     queued_on(other.borrows, "T")  # the other thread's work is queued now
-    assert x.allocation.users == {"S3", "T", "U"}
+    assert x.allocation.users == {"S3", "S7", "T", "U"}
 
     after = reading(x, "after")  # its first replay waits for what may still run, not for 16 streams
     log.waits.clear()
     replayed(after._pin, "R", log)
-    assert sorted(log.waits) == [("R", "S3"), ("R", "T"), ("R", "U")]
+    assert sorted(log.waits) == [("R", "S3"), ("R", "S7"), ("R", "T"), ("R", "U")]
     after.close()
 
     users = x.allocation.users
-    busy |= {f"B{i}" for i in range(2 * MANY_USERS)} | users  # (users: the closed graph's replay too)
+    busy |= (
+        {f"B{i}" for i in range(2 * MANY_USERS)} | {"B-last", "B-next"} | users
+    )  # (users: the closed graph's replay too)
     asked.clear()
     for i in range(MANY_USERS - len(users) - 1):
         eager_write(x, f"B{i}", backend)
     assert not asked and len(users) == MANY_USERS - 1
     eager_write(x, "B-last", backend)  # MANY_USERS users, all busy: nothing goes ...
-    assert len(asked) == MANY_USERS - 1 and len(users) == MANY_USERS
+    assert set(asked) == users - {"B-last", names[7]} and len(users) == MANY_USERS
     asked.clear()
     for i in range(MANY_USERS, 2 * MANY_USERS - 1):  # ... and the next look waits for twice as many
         eager_write(x, f"B{i}", backend)
     assert not asked and len(users) == 2 * MANY_USERS - 1
     eager_write(x, "B-next", backend)
-    assert len(asked) == 2 * MANY_USERS - 1
+    assert set(asked) == users - {"B-next", names[7]} and len(users) == 2 * MANY_USERS
