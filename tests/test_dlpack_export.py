@@ -341,25 +341,6 @@ def test_freeze_is_refused_while_a_numpy_alias_lives(host: sg.Device) -> None:
     np.testing.assert_array_equal(x.freeze().numpy(), [99.0, 0.0, 0.0, 0.0])
 
 
-def test_a_writable_export_racing_a_freeze_is_refused(host: sg.Device, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Another thread freezes the tensor after the export found it mutable and before the export
-    holds it (played here from inside the export): the export is refused, not a writable alias of
-    frozen memory."""
-    from scopegraph._backends import _host
-
-    x = host.zeros((16,), name="x")
-    view_of = _host._array
-
-    def frozen_meanwhile(tensor: sg.Tensor, writable: bool) -> NDArray:
-        x.freeze()
-        return view_of(tensor, writable)
-
-    monkeypatch.setattr(_host, "_array", frozen_meanwhile)
-    with pytest.raises(sg.BorrowError, match="it was frozen meanwhile"):
-        numpy_import(x)
-    assert x.allocation.exports == 0 and x.allocation.writable_exports == []
-
-
 FREEZE_BESIDE_A_COLLECTED_EXPORT = """
 import gc, os, threading, time
 import numpy as np
@@ -409,20 +390,26 @@ def test_a_freeze_beside_a_collected_export_does_not_deadlock() -> None:
     assert done.stdout.strip() == "froze", done.stdout + done.stderr
 
 
-def test_an_export_racing_a_free_is_refused(host: sg.Device, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Another thread frees the tensor after the export checked it was alive and before the export
-    holds it (played here from inside the export): the export is refused, not an alias of freed
-    memory."""
+@pytest.mark.parametrize(
+    ("meanwhile", "error", "message"),
+    [("free", sg.LifetimeError, "it was freed meanwhile"), ("freeze", sg.BorrowError, "it was frozen meanwhile")],
+)
+def test_an_export_racing_a_free_or_a_freeze_is_refused(
+    host: sg.Device, monkeypatch: pytest.MonkeyPatch, meanwhile: str, error: type[Exception], message: str
+) -> None:
+    """Another thread frees or freezes the tensor after the export checked it (alive, mutable) and
+    before the export holds it (played here from inside the export): the export is refused, not an
+    alias of freed memory, nor a writable alias of frozen memory."""
     from scopegraph._backends import _host
 
     x = host.full((16,), 1.0, name="x")
     view_of = _host._array
 
-    def freed_meanwhile(tensor: sg.Tensor, writable: bool) -> NDArray:
-        x.free()
+    def changed_meanwhile(tensor: sg.Tensor, writable: bool) -> NDArray:
+        getattr(x, meanwhile)()
         return view_of(tensor, writable)
 
-    monkeypatch.setattr(_host, "_array", freed_meanwhile)
-    with pytest.raises(sg.LifetimeError, match="it was freed meanwhile"):
+    monkeypatch.setattr(_host, "_array", changed_meanwhile)
+    with pytest.raises(error, match=message):
         numpy_import(x)
-    assert x.allocation.exports == 0
+    assert x.allocation.exports == 0 and x.allocation.writable_exports == []
