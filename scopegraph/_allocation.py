@@ -162,7 +162,7 @@ class MemoryMap:
         and EXPORTS inside it, where exports are made and checked (``Export``; a finalizer that
         drops one takes only EXPORTS, so it may run inside register without a deadlock)."""
         with self._lock, EXPORTS:
-            exported = sum(1 for a in alloc.aliases() for s, e in a.writable_exports if s < end and start < e)
+            exported = sum(1 for a in alloc.aliases() for s, e in tuple(a.writable_exports) if s < end and start < e)
             if exported:
                 return exported
             frozen = alloc.region.frozen
@@ -287,7 +287,7 @@ class Allocation:
         self.region = Region(address, address + nbytes)
         # What ran work on this memory, its release waits for it (_lifetime): the native streams
         # of eager work, and marks (events) of the replays of graphs that let it go; those whose
-        # work has finished are dropped now and then (let_finished_users_go, hand_on).
+        # work has finished are dropped now and then (_lifetime.let_finished_users_go, hand_on).
         self.users: set[object] = set()
         # How many users an eager use may leave before it drops those whose work has finished.
         self.look_at = MANY_USERS

@@ -10,8 +10,9 @@ Two rules keep memory valid while the GPU uses it:
    it has finished. Each allocation records what ran work on it
    (``alloc.users``: the streams of eager ops, and at unpin marks of its graphs' replays:
    events, which let the streams go; see :class:`ReplayMarks`); those whose work has finished
-   are dropped now and then (a passed mark, an idle stream: :func:`let_finished_users_go`), so
-   memory used on many streams does not keep them all alive. Its
+   are dropped now and then (passed marks; and idle streams the program dropped, by eager use
+   only: :func:`let_finished_users_go`), so memory used on many streams does not keep them all
+   alive. Its
    release (:func:`track`: on ``free()``, or when the allocation is collected) hands the storage
    to the backend's ``retire``, which orders the free after that work with events and
    stream-ordered deallocation. Nothing synchronises the device.
@@ -315,7 +316,10 @@ def note_eager_use(borrows: Iterable[Borrow], native_stream: object, backend: Ba
             for a in alloc.aliases():
                 # Every wrapper of the memory: the one used here may be dropped first, and the
                 # graphs and the release of the others must still wait for this work.
-                a.users.add(native_stream)
+                if native_stream not in a.users:
+                    a.users.add(native_stream)
+                    if len(a.users) >= a.look_at:
+                        let_finished_users_go(a, native_stream, backend)
                 for pin in list(a.pins.values()):  # a copy: other threads record and build meanwhile
                     caught = pin.caught_up  # before last_stream: a replay meanwhile replaces the set
                     _after_replay(native_stream, pin.last_stream, caught, backend)
@@ -333,18 +337,18 @@ MANY_USERS = 16
 def let_finished_users_go(alloc: Allocation, current: object, backend: Backend) -> None:
     """Memory used eagerly on many streams (a long-lived tensor, a stream per request) kept every
     one of them alive, and a new graph's first replay waited on each. Once it holds
-    ``alloc.look_at`` users, those whose work has finished go (idle streams the program no longer
-    holds a Stream for, marks that have passed), but never ``current``, whose work is about to be
-    queued. A stream the program still holds stays: it lives anyway, and asking after it cost
-    each op a query in a program that takes turns on a pool of streams. The next look comes when
-    the users that stay have doubled, so a busy GPU costs an op O(1) queries. ``queued_on`` puts
-    a stream back after its work is queued: another thread may be between its own note and
-    enqueue here."""
+    ``alloc.look_at`` users, those whose work has finished go (marks that have passed, idle
+    streams the program no longer holds a Stream for), but never ``current``, whose work is about
+    to be queued. A stream the program holds stays: it lives anyway, asking after it cost each op
+    a query in a program that takes turns on a pool of streams, and above all "idle" can go
+    stale: work may be queued there the moment after the query (a stream no Stream wraps has no
+    one to queue it; one wrapped again meanwhile is held by the time of the second look below).
+    The next look comes when the users that stay have doubled, so a busy GPU costs an op O(1)
+    queries. ``queued_on`` puts a stream back after its work is queued: another thread may be
+    between its own note and enqueue here."""
     users = alloc.users
-    marks = ReplayMarks()
-    users.difference_update(
-        [user for user in list(users) if user is not current and not held(user) and marks.passed(backend, user)]
-    )
+    done = [u for u in list(users) if u is not current and not held(u) and (backend.finished(u) or backend.idle(u))]
+    users.difference_update([u for u in done if not held(u)])
     alloc.look_at = max(MANY_USERS, 2 * len(users))
 
 
@@ -375,6 +379,7 @@ def queued_on(borrows: Iterable[Borrow], native_stream: object) -> None:
         alloc.users.add(native_stream)  # again, if another thread let it go meanwhile (idle before this work)
         if alloc.pins or len(alloc.region.members) > 1:
             for a in alloc.aliases():
+                a.users.add(native_stream)  # (likewise)
                 pins = list(a.pins.values())
                 if pins:
                     with PENDING:

@@ -492,11 +492,12 @@ def test_memory_used_eagerly_on_many_streams_lets_the_finished_ones_go() -> None
     busy: set[object] = {"S3"}
     asked: list[object] = []
 
-    def finished(user: object) -> bool:
+    def idle(user: object) -> bool:
         asked.append(user)
         return user not in busy
 
-    backend = types.SimpleNamespace(wait_stream=log.wait_stream, finished=finished)  # a GPU's, streams by name
+    # A GPU's, streams by name (the marks here are streams: no event has passed).
+    backend = types.SimpleNamespace(wait_stream=log.wait_stream, finished=lambda mark: False, idle=idle)
     x = dev.zeros((8,), name="x")
     names = [f"S{i}" for i in range(MANY_USERS - 2)]
     kept = Wrapper(names[7])  # the program still holds a Stream for S7: it lives anyway, and stays
@@ -534,3 +535,41 @@ def test_memory_used_eagerly_on_many_streams_lets_the_finished_ones_go() -> None
     assert not asked and len(users) == 2 * MANY_USERS - 1
     eager_write(x, "B-next", backend)
     assert set(asked) == users - {"B-next", names[7]} and len(users) == 2 * MANY_USERS
+
+
+def test_a_graph_that_lets_memory_go_keeps_its_idle_streams(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Closing a graph drops the marks of x's users that have passed, but not a stream that was
+    idle when asked: another thread may queue work on x there the moment after (then finding the
+    stream among the users, it adds nothing), and x's release would not wait for that work."""
+    dev, log = sg.device("host"), Log()
+    monkeypatch.setattr(dev.backend, "mark", lambda stream: stream)
+    monkeypatch.setattr(dev.backend, "finished", lambda mark: False)
+    monkeypatch.setattr(dev.backend, "idle", lambda stream: True)  # every stream idle when asked
+    x = dev.zeros((8,), name="x")
+    eager_write(x, "S", log)
+    graph = reading(x, "g")
+    replayed(graph._pin, "R", log)
+    graph.close()
+    assert x.allocation.users == {"S", "R"}
+
+
+def test_a_stream_wrapped_again_while_its_idleness_is_asked_stays() -> None:
+    """Another thread wraps a dropped stream again (Stream.from_handle) and may queue work on it
+    right after x's look asked whether it is idle: x keeps it."""
+    from scopegraph._lifetime import MANY_USERS, hold
+
+    dev, log = sg.device("host"), Log()
+    names = [f"S{i}" for i in range(MANY_USERS)]
+    wrapped = []
+
+    def idle(user: object) -> bool:
+        if user is names[5]:
+            wrapped.append(Wrapper(names[5]))  # meanwhile, on another thread
+            hold(names[5], wrapped[-1])
+        return True
+
+    backend = types.SimpleNamespace(wait_stream=log.wait_stream, finished=lambda mark: False, idle=idle)
+    x = dev.zeros((8,), name="x")
+    for name in names:
+        eager_write(x, name, backend)
+    assert x.allocation.users == {names[5], names[-1]} and wrapped

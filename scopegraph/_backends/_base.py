@@ -67,10 +67,11 @@ class Backend(Protocol):
 
     # marks: what stands for the work queued on a stream so far, once nothing new of a holder will
     # be queued there (a closed graph's replays). `wait_stream` and `retire` take marks as well as
-    # streams; a finished one (a passed mark, an idle stream of scopegraph's own) can be dropped,
-    # and a mark lets its stream go (see _lifetime)
+    # streams; a finished one can be dropped, and a mark lets its stream go (see _lifetime). Idle:
+    # one of scopegraph's own streams with nothing left to run, an answer that may go stale
     def mark(self, stream: object) -> object: ...
     def finished(self, mark: object) -> bool: ...
+    def idle(self, stream: object) -> bool: ...
 
     # whether another library captures the stream (a raw handle) into a CUDA graph now; and a
     # context in which calls that touch no stream it captures leave that capture valid

@@ -667,16 +667,27 @@ class CudaBackend:
         return bool(status == _CAPTURE_IMPLICIT)
 
     def finished(self, mark: object) -> bool:
-        """Whether the work ``mark`` stands for has completed: an event that has passed, or one of
-        scopegraph's own streams with nothing left to run (more may be queued there later: the
-        caller has noted what it stood for). Never another library's stream (a query of a stream
-        it captures would break the capture), and nothing is asked while a region's capture forbids
-        this thread the query (see ``_capturing``). Never raises."""
-        if self._capturing() or (not isinstance(mark, Event) and mark in self._foreign):
+        """Whether ``mark``'s work has completed: an event that has passed (an answer that stays
+        true). A stream never counts here (see ``idle``), and nothing is asked while a region's
+        capture forbids this thread the query (see ``_capturing``). Never raises."""
+        if not isinstance(mark, Event) or self._capturing():
             return False
         try:
             with relaxed_capture_mode():
-                return _finished_now(mark)
+                return bool(mark.is_done)
+        except Exception:
+            return False
+
+    def idle(self, stream: object) -> bool:
+        """Whether one of scopegraph's own streams has nothing left to run: an answer that may go
+        stale the moment after (see ``_lifetime.let_finished_users_go``). Never an event, never
+        another library's stream (a query of a stream it captures would break the capture), and
+        nothing is asked while a region's capture forbids this thread the query. Never raises."""
+        if isinstance(stream, Event) or self._capturing() or stream in self._foreign:
+            return False
+        try:
+            with relaxed_capture_mode():
+                return _finished_now(stream)
         except Exception:
             return False
 

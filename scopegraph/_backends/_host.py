@@ -417,6 +417,9 @@ class HostBackend:
     def finished(self, mark: object) -> bool:
         return False
 
+    def idle(self, stream: object) -> bool:
+        return False
+
     def captures(self, handle: int) -> bool:
         return False
 
