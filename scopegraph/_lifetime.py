@@ -307,19 +307,14 @@ def note_eager_use(borrows: Iterable[Borrow], native_stream: object, backend: Ba
     next replays of those graphs wait for it too."""
     for b in borrows:
         alloc = b.alloc
-        users = alloc.users
-        if native_stream not in users:
-            users.add(native_stream)
-            if len(users) >= alloc.look_at:
-                let_finished_users_go(alloc, native_stream, backend)
+        if native_stream not in alloc.users:
+            _add_user(alloc, native_stream, backend)
         if alloc.pins or alloc.closed_replays or len(alloc.region.members) > 1:
             for a in alloc.aliases():
                 # Every wrapper of the memory: the one used here may be dropped first, and the
                 # graphs and the release of the others must still wait for this work.
                 if native_stream not in a.users:
-                    a.users.add(native_stream)
-                    if len(a.users) >= a.look_at:
-                        let_finished_users_go(a, native_stream, backend)
+                    _add_user(a, native_stream, backend)
                 for pin in list(a.pins.values()):  # a copy: other threads record and build meanwhile
                     caught = pin.caught_up  # before last_stream: a replay meanwhile replaces the set
                     _after_replay(native_stream, pin.last_stream, caught, backend)
@@ -332,6 +327,13 @@ def note_eager_use(borrows: Iterable[Borrow], native_stream: object, backend: Ba
 # How many streams and marks an eager use lets an allocation hold before it looks for those whose
 # work has finished (see let_finished_users_go).
 MANY_USERS = 16
+
+
+def _add_user(alloc: Allocation, native_stream: object, backend: Backend) -> None:
+    """``native_stream`` (not yet among ``alloc``'s users) is about to run work on its memory."""
+    alloc.users.add(native_stream)
+    if len(alloc.users) >= alloc.look_at:
+        let_finished_users_go(alloc, native_stream, backend)
 
 
 def let_finished_users_go(alloc: Allocation, current: object, backend: Backend) -> None:

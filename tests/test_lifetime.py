@@ -573,3 +573,18 @@ def test_a_stream_wrapped_again_while_its_idleness_is_asked_stays() -> None:
     for name in names:
         eager_write(x, name, backend)
     assert x.allocation.users == {names[5], names[-1]} and wrapped
+
+
+def test_every_wrapper_of_memory_used_on_many_streams_lets_the_finished_ones_go() -> None:
+    """Foreign memory wrapped twice, used through one wrapper on a new stream each time: the other
+    wrapper kept every stream (and a new graph over it waited on each), as the first one did."""
+    from scopegraph._lifetime import MANY_USERS
+
+    log = Log()
+    backend = types.SimpleNamespace(wait_stream=log.wait_stream, finished=lambda mark: False, idle=lambda s: True)
+    memory = np.zeros(8, np.float32)  # host memory: the wrappers are the host backend's
+    used, other = sg.Tensor.from_dlpack(memory, name="used"), sg.Tensor.from_dlpack(memory, name="other")
+    for i in range(3 * MANY_USERS):
+        eager_write(used, f"S{i}", backend)
+    assert len(used.allocation.users) < MANY_USERS and len(other.allocation.users) < MANY_USERS
+    del used, other
