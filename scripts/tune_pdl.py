@@ -59,6 +59,8 @@ THREE_QUARTERS = ("CHUNK=12", "SG_MATVEC_BOUNDS=__launch_bounds__(256,4)")
 # x staged in shared memory by loads and stores (one L2 round trip per 256 floats of x a thread
 # after the wait), as the library did before it staged x by cp.async (all of it in one round trip).
 STAGE_BY_LOADS = ("SG_STAGE_ASYNC=0",)
+LDG = ("SG_WEIGHT_LOAD=__ldg",)  # weights as read-only data, kept in L2 (the narrow build's choice)
+LDCS = ("SG_WEIGHT_LOAD=__ldcs",)  # weights evict-first (the wide build's choice)
 
 # d=2048 x 22: what each case changes from the library's defaults. The baseline cases (with
 # --baseline) launch axpy with 256 threads, as the library did before AXPY_BLOCK.
@@ -76,6 +78,12 @@ CASES: list[Case] = [
     Case("4k, second matvec 2 rows a warp", "kernels", second_rows=2),
     Case("4k, second matvec 4 rows a warp", "kernels", second_rows=4),
     Case("4k, 3/4 of each row before the wait, 4 blocks an SM", "kernels", THREE_QUARTERS),
+    # Weights loaded as read-only data (__ldg), as the library did before the wide build loaded
+    # them evict-first (ld.global.cs): why it does.
+    Case("fused, weights by __ldg", "fused", LDG),
+    Case("4k, weights by __ldg", "kernels", LDG),
+    Case("fused, no register cap", "fused", NO_BOUNDS),  # on an H200: +1%, on an H100 the cap pays
+    Case("fused, 2 matvec blocks an SM", "fused", TWO_BLOCKS),
 ]
 TRACED = ("4k", "fused")
 # d=512 x 22 (launch-bound: the weights nearly fit in L2).
@@ -88,6 +96,8 @@ SMALL_CASES: list[Case] = [
     Case("4k, x staged by loads", "kernels", STAGE_BY_LOADS),
     Case("4k, axpy 256 threads", "kernels", axpy=256),
     Case("4k, second matvec 2 rows a warp", "kernels", second_rows=2),
+    Case("fused, weights by __ldcs", "fused", LDCS),  # why the narrow build keeps __ldg
+    Case("4k, weights by __ldcs", "kernels", LDCS),
 ]
 BASELINE: list[str | None] = [None]  # --baseline FILE: its text
 

@@ -154,9 +154,25 @@ __global__ void rms_norm(float* __restrict__ out, const float* __restrict__ x,
 // Measured on an H100 and dropped (benchmarks/NOTES.md): asking L2 (cp.async.bulk.prefetch.L2,
 // prefetch.global.L2) for the rows of the blocks that cannot start yet, 6-17% fewer tokens/s; and
 // half of each row held in shared memory (cp.async) so that four blocks fit an SM, 8-15% fewer.
+// On an H200: triggering the dependents only once this block's weights have landed (so that the
+// next kernel's weights do not share the memory with this kernel's last blocks), 18% fewer; x
+// staged by one TMA bulk copy instead of cp.async, 17% fewer.
 
 #ifndef CHUNK  // float4 loads in flight per lane (benchmarks may override it)
 #define CHUNK 16
+#endif
+// Weights are read once a replay and, in a model, seldom fit in L2: the wide build loads them
+// evict-first (ld.global.cs), so that they do not push out of L2 the activations each kernel reads
+// after its wait (measured on an H200, d = 2048: +2.8% tokens/s in both forms of the seed model;
+// on an H100, with an earlier version of these kernels, within 0.5%). The narrow build (CHUNK = 4,
+// rows of at most 512 floats, whose matrices often stay in L2 from one replay to the next) loads
+// them as read-only data (__ldg), which L2 keeps.
+#ifndef SG_WEIGHT_LOAD  // (benchmarks may override it)
+#if CHUNK > 4
+#define SG_WEIGHT_LOAD __ldcs
+#else
+#define SG_WEIGHT_LOAD __ldg
+#endif
 #endif
 // At most 256 threads a block, and registers capped (80) so that three blocks fit on an SM: two
 // of this kernel, and one of the next, which meanwhile loads its weights (its pre-wait step).
@@ -194,7 +210,7 @@ struct WarpRows {
         const float4* r = reinterpret_cast<const float4*>(w + (size_t)row * k) + c0 + lane;
 #pragma unroll
         for (int u = 0; u < CHUNK; ++u)
-            v[u] = c0 + lane + 32 * u < k4 ? __ldg(r + 32 * u) : make_float4(0.f, 0.f, 0.f, 0.f);
+            v[u] = c0 + lane + 32 * u < k4 ? SG_WEIGHT_LOAD(r + 32 * u) : make_float4(0.f, 0.f, 0.f, 0.f);
     }
 
     // dot(v, x[c0, c0 + 32 * CHUNK)), this lane's share.
