@@ -23,6 +23,7 @@ import numpy as np
 
 from ._control import ControlNode
 from ._errors import LifetimeError, NotAGraphNodeError, ScopeStateError, SignatureError, diagnostic, not_copyable
+from ._kernel import KernelLaunch
 from ._lifetime import SHARED_REPLAYS, Pin, order_replay, ordered_already, repin, replay_queued, sharers
 from ._ops import GraphNode
 from ._params import ParamTable
@@ -182,7 +183,14 @@ class CudaGraph:
 
     def update(self, op: GraphNode) -> None:
         """Run ``op`` on the graph's stream now, ordered after earlier replays (on any stream) and
-        before the next one, wherever it is launched: e.g. new inputs."""
+        before the next one, wherever it is launched: e.g. new inputs.
+
+        ``op`` runs as part of this graph's program: a kernel launch's ``sg.Param`` whose name the
+        graph has takes the graph's current value (the last ``launch(name=value)``, else the
+        default), whichever Param object the op was built with; a Param the graph does not have
+        keeps its default, as in ``stream.run(op)``. An update changes no parameter value. A
+        Param of the graph's name but another dtype, or values that would make the op reach past
+        its tensors, is a SignatureError, and nothing runs (see ``scopegraph._params``)."""
         if self._exec is None:
             raise self._closed_error("update")
         if not isinstance(op, GraphNode):
@@ -198,6 +206,8 @@ class CudaGraph:
         with self._locked("update"):
             if self._exec is None:  # closed by another thread since the check above
                 raise self._closed_error("update")
+            if type(op) is KernelLaunch and op.params:  # under the lock: the values of the launches before
+                op = self._param_table().for_update(self.id, op)
             last = self._pin.last_stream
             if self._ordered and last is not None and last is not stream.native:
                 stream.device.backend.wait_stream(stream.native, last)

@@ -288,3 +288,107 @@ def test_a_param_inside_a_device_loop_takes_its_launch_value(sg_device: sg.Devic
         assert calls == [2] and graph.last_update in ("nodes", "whole")  # slot 2: the body's first node
         np.testing.assert_array_equal(out.numpy(), np.full(8, 12.0))
     assert_stream_usable(sg_stream)
+
+
+def test_update_runs_an_op_with_the_graphs_current_parameter_values(sg_device: sg.Device, sg_stream: sg.Stream) -> None:
+    """graph.update(op) is the op as part of the graph's program: each sg.Param the graph has (by
+    name) takes the graph's current value, whichever Param object the op was built with; a Param
+    the graph does not have keeps its default. stream.run(op) still takes the defaults."""
+    out = sg_device.zeros((8,), name="out")
+    other = sg_device.zeros((8,), name="other")
+    step = sg.Param("step", sg.f32, 1.0)
+    with CudaGraph.scope(sg_stream) as s:
+        s.record(library.add_scalar[1, 32](out.mut(), step, 8))
+    with s.graph as graph:
+        graph.update(library.add_scalar[1, 32](other.mut(), step, 8))  # never launched with a value: the default
+        graph.sync()
+        np.testing.assert_array_equal(other.numpy(), np.full(8, 1.0))
+        graph.launch(step=2.0)
+        graph.update(library.add_scalar[1, 32](other.mut(), step, 8))  # the graph's value, not the default
+        graph.update(library.add_scalar[1, 32](other.mut(), sg.Param("step", sg.f32, 5.0), 8))  # by name
+        graph.update(graph.nodes[0].op)  # the graph's own node: out = 2 + 2
+        graph.update(library.add_scalar[1, 32](other.mut(), sg.Param("elsewhere", sg.f32, 0.5), 8))  # its default
+        graph.sync()
+        np.testing.assert_array_equal(other.numpy(), np.full(8, 1.0 + 2.0 + 2.0 + 0.5))
+        np.testing.assert_array_equal(out.numpy(), np.full(8, 4.0))
+        graph.launch()  # the value stays: out = 4 + 2
+        graph.update(library.add_scalar[1, 32](out.mut(), step, 8))
+        graph.sync()
+        np.testing.assert_array_equal(out.numpy(), np.full(8, 8.0))
+        assert graph.params == {"step": np.float32(2.0)}  # an update changes no parameter
+    sg_stream.run(library.add_scalar[1, 32](other.mut(), step, 8))  # eagerly: still the default
+    np.testing.assert_array_equal(other.numpy(), np.full(8, 6.5))
+
+
+def test_update_takes_the_values_of_parameters_in_loop_bodies_and_after_a_rerecording(
+    sg_device: sg.Device, sg_stream: sg.Stream
+) -> None:
+    out = sg_device.zeros((8,), name="out")
+    flag = sg_device.zeros((1,), sg.i32, name="flag")
+    inner = sg.Param("inner", sg.f32, 1.0)
+
+    def record(s: sg.Scope) -> None:
+        s.record(sg.memset(flag.mut(), 2))
+        with s.while_(flag) as body:
+            body.record(library.add_scalar[1, 32](out.mut(), inner, 8))
+            body.record(library.count_down_op(flag.mut()))
+
+    with CudaGraph.scope(sg_stream) as s:
+        record(s)
+    with s.graph as graph:
+        graph.launch(inner=3.0)  # out = 6
+        graph.update(library.add_scalar[1, 32](out.mut(), inner, 8))  # a body's parameter: out = 9
+        graph.sync()
+        np.testing.assert_array_equal(out.numpy(), np.full(8, 9.0))
+        with CudaGraph.scope(sg_stream, into=graph) as again:  # parameters start again at their defaults
+            record(again)
+        graph.update(library.add_scalar[1, 32](out.mut(), inner, 8))  # out = 10
+        graph.sync()
+        np.testing.assert_array_equal(out.numpy(), np.full(8, 10.0))
+
+
+def test_update_refuses_a_parameter_of_the_graphs_name_and_another_dtype(
+    sg_device: sg.Device, sg_stream: sg.Stream
+) -> None:
+    out = sg_device.zeros((8,), name="out")
+    with CudaGraph.scope(sg_stream) as s:
+        s.record(library.add_scalar[1, 32](out.mut(), sg.Param("v", sg.f32, 1.0), 8))
+    with s.graph as graph:
+        graph.launch(v=2.0)
+        graph.sync()
+        other = sg_device.zeros((8,), name="other")
+        op = library.add_scalar[1, 32](other.mut(), 1.0, sg.Param("v", sg.i32, 8))
+        with pytest.raises(
+            sg.SignatureError,
+            match=r"graph #\d+ cannot run `add_scalar` with its parameter `v`: the graph's `v` is sg.f32, "
+            r"the op's is sg.i32(.|\n)*help: ",
+        ) as info:
+            graph.update(op)
+        assert "give the op's sg.Param another name" in str(info.value)
+        graph.sync()
+        np.testing.assert_array_equal(other.numpy(), np.zeros(8))  # nothing ran
+        assert graph.params == {"v": np.float32(2.0)}
+        sg_stream.run(op)  # the op itself is fine: eagerly, its default
+        np.testing.assert_array_equal(other.numpy(), np.ones(8))
+
+
+def test_update_checks_sizes_with_the_graphs_values(sg_device: sg.Device, sg_stream: sg.Stream) -> None:
+    """A graph's value that would make the op reach past its tensors is refused, and nothing runs."""
+    big = sg_device.zeros((N,), name="big")
+    small = sg_device.zeros((8,), name="small")
+    with CudaGraph.scope(sg_stream) as s:
+        s.record(library.add_scalar[2, B](big.mut(), 1.0, sg.Param("n", sg.i32, N)))
+    with s.graph as graph:
+        op = library.add_scalar[2, B](small.mut(), 1.0, sg.Param("n", sg.i32, 8))  # fits with its default
+        with pytest.raises(
+            sg.SignatureError, match=r"`add_scalar` would touch 300 elements of `out`, but `small` has 8(.|\n)*help: "
+        ) as info:
+            graph.update(op)
+        assert f"graph.update() runs it with graph #{graph.id}'s current values: n=300" in str(info.value)
+        graph.sync()
+        np.testing.assert_array_equal(small.numpy(), np.zeros(8))  # nothing ran
+        graph.launch(n=8)
+        graph.update(op)
+        graph.sync()
+        np.testing.assert_array_equal(small.numpy(), np.ones(8))
+    assert_stream_usable(sg_stream)
