@@ -14,6 +14,12 @@ serve many sizes (seed 003).
   (executable destroyed, tensors unpinned) unless the user still holds it; then it closes when
   the user is done with it (``close()``, a ``with`` block, or its last reference going).
 - ``hits``, ``misses`` and ``evictions`` count exactly; ``len(cache)`` is the number of graphs held.
+- Keys are compared with their types: ``1``, ``True``, ``1.0`` and ``np.int64(1)`` are four keys
+  (Python takes them for one dict key), so a graph recorded for an int is never replayed for a
+  bool or a float. The type of each item of a tuple key (a shape, a named tuple) and of a
+  frozenset key counts too, recursively: ``(64, 128)`` and ``(64, 128.0)`` are two keys. A dtype
+  alias is the dtype it names (``sg.f32`` and ``t.dtype`` of an f32 tensor are one key, as they
+  compare equal). Other objects are compared as they compare themselves, with their type.
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ from typing import Any, Generic, NoReturn, SupportsIndex, TypeVar
 
 import numpy as np
 
+from . import _dtypes
+from ._dtypes import DType
 from ._errors import SignatureError, diagnostic, not_copyable
 from ._graph import CudaGraph
 from ._scope import Scope, checked_order
@@ -37,7 +45,12 @@ K = TypeVar("K", bound=Hashable)
 
 
 class GraphCache(Generic[K]):
-    """One graph per key, built on demand by ``record(s, key)``, at most ``maxsize`` of them."""
+    """One graph per key, built on demand by ``record(s, key)``, at most ``maxsize`` of them.
+
+    Keys are compared with their types, and so are the items of a tuple or frozenset key: ``1``,
+    ``True``, ``1.0`` and ``np.int64(1)`` are four keys (one to a dict), and ``(64, 128)`` and
+    ``(64, 128.0)`` two, so a graph recorded for one is never replayed for another. A dtype
+    alias is the dtype it names: ``(n, sg.f32)`` and ``(n, t.dtype)`` of an f32 tensor are one key."""
 
     def __init__(
         self,
@@ -67,27 +80,28 @@ class GraphCache(Generic[K]):
         self.hits = 0
         self.misses = 0
         self.evictions = 0
-        # key -> (graph, the scope that built it: it refers to the graph too, see _drop)
-        self._graphs: OrderedDict[K, tuple[CudaGraph, Scope]] = OrderedDict()
+        # typed(key) -> (key, graph, the scope that built it: it refers to the graph too, see _drop)
+        self._graphs: OrderedDict[Hashable, tuple[K, CudaGraph, Scope]] = OrderedDict()
         # Reentrant: a record() that calls get() meets the scope's own refusal, not a deadlock.
         self._lock = threading.RLock()
 
     def get(self, key: K) -> CudaGraph:
         """The graph for ``key``: cached, or recorded now by ``record(s, key)``."""
+        typed = _typed(key)
         with self._lock:
             try:
-                entry = self._graphs.get(key)
+                entry = self._graphs.get(typed)
             except TypeError:
                 raise SignatureError(
                     f"GraphCache keys must be hashable; got {type(key).__name__}\nhelp: use a tuple, an int or a string"
                 ) from None
-            if entry is not None and not entry[0].closed:
-                self._graphs.move_to_end(key)
+            if entry is not None and not entry[1].closed:
+                self._graphs.move_to_end(typed)
                 self.hits += 1
-                return entry[0]
+                return entry[1]
             self.misses += 1
             if entry is not None:
-                del self._graphs[key]  # closed by the user: build it again
+                del self._graphs[typed]  # closed by the user: build it again
             del entry
             building = CudaGraph.scope(self.stream, self.order)
             building.opened_by = "GraphCache.get()"  # other threads may launch the cached graphs meanwhile
@@ -95,23 +109,23 @@ class GraphCache(Generic[K]):
                 self.record(s, key)
             graph = s.graph
             self._forget_closed()
-            self._graphs[key] = (graph, s)
+            self._graphs[typed] = (key, graph, s)
             while len(self._graphs) > self.maxsize:
-                _, (evicted, scope) = self._graphs.popitem(last=False)
+                _, (_, evicted, scope) = self._graphs.popitem(last=False)
                 self.evictions += 1
                 _drop(evicted, scope)
             return graph
 
     def _forget_closed(self) -> None:
         """Drop the graphs the user closed: they hold no slot, so no live graph is evicted for them."""
-        for key in [k for k, (graph, _) in self._graphs.items() if graph.closed]:
-            del self._graphs[key]
+        for typed in [t for t, (_, graph, _) in self._graphs.items() if graph.closed]:
+            del self._graphs[typed]
 
     def clear(self) -> None:
         """Drop every graph (each closes now unless the user holds it, as on eviction). The counts stay."""
         with self._lock:
             while self._graphs:
-                _, (graph, scope) = self._graphs.popitem(last=False)
+                _, (_, graph, scope) = self._graphs.popitem(last=False)
                 _drop(graph, scope)
 
     def __len__(self) -> int:
@@ -121,16 +135,16 @@ class GraphCache(Generic[K]):
 
     def __contains__(self, key: object) -> bool:
         try:
-            entry = self._graphs.get(key)  # type: ignore[arg-type]  # any object may be asked about
+            entry = self._graphs.get(_typed(key))
         except TypeError:
             return False
-        return entry is not None and not entry[0].closed
+        return entry is not None and not entry[1].closed
 
     def keys(self) -> list[K]:
         """The cached keys, least recently used first."""
         with self._lock:
             self._forget_closed()
-            return list(self._graphs)
+            return [key for key, _, _ in self._graphs.values()]
 
     def __reduce_ex__(self, protocol: SupportsIndex) -> NoReturn:  # copy.copy, copy.deepcopy, pickle
         raise not_copyable(
@@ -143,6 +157,63 @@ class GraphCache(Generic[K]):
             f"<GraphCache {len(self)}/{self.maxsize} graphs on stream #{self.stream.id}: "
             f"{self.hits} hits, {self.misses} misses, {self.evictions} evictions>"
         )
+
+
+# Keys kept as they are: an int, a str, bytes, None, or a tuple of those (a shape). No key of
+# another type is equal to one of them (True == 1 is, but a bool is wrapped), and every other key
+# is wrapped in a tuple that starts with _WRAPPED, which no user key holds. A hit on the usual key
+# costs one look at its type (and its items') more than before keys had types.
+_AS_IS: frozenset[type] = frozenset({int, str, bytes, type(None)})
+_WRAPPED = object()
+# Items whose type says all there is to add to their value: nothing inside to look at.
+_SCALARS: frozenset[type] = _AS_IS | {bool, float, complex, DType}
+# A dtype alias (``sg.f32``) is equal to the DType it names and hashes as it does: a key's types
+# count it as a DType. (An alias that names no dtype is equal to no DType, so nothing is merged.)
+_ALIAS = type(_dtypes.f32)
+
+
+def _typed(key: object) -> Hashable:
+    """What the cache compares for ``key``: itself where that is exact
+    (see _AS_IS), else ``(_WRAPPED, _with_types(key))``. So keys that are equal in Python but of
+    different types (``1``, ``True``, ``1.0``) are different keys."""
+    kind = type(key)
+    if kind in _AS_IS or (kind is tuple and _AS_IS.issuperset(map(type, key))):  # type: ignore[call-overload]
+        return key
+    return (_WRAPPED, _with_types(key))
+
+
+def _with_types(key: object) -> Hashable:
+    """``key`` with its type: ``(type, key)``; for a tuple ``(type, key, its items' types)``
+    (_signature), for a frozenset ``(type, its items with their types)``. Two of these are equal
+    when the keys are (as Python compares them) and their types are the same. Unhashable items
+    stay in: hashing the result raises TypeError, as hashing ``key`` would."""
+    kind = type(key)
+    if isinstance(key, tuple):
+        return (kind, key, _signature(key))
+    if isinstance(key, frozenset):
+        return (kind, frozenset(map(_with_types, key)))
+    return (DType if kind is _ALIAS else kind, key)
+
+
+def _signature(key: tuple[object, ...]) -> tuple[object, ...]:
+    """The types of ``key``'s items, in order: a type for an item without items of its own, and
+    ``(type, its items' types)`` for a tuple or a frozenset item (a tuple: never equal to a type)."""
+    types = tuple(map(type, key))
+    if _SCALARS.issuperset(types):  # a shape, (n, t.dtype), ...: the usual tuple, at once
+        return types
+    return tuple(map(_item_signature, key, types))
+
+
+def _item_signature(item: object, kind: type) -> object:
+    if kind in _SCALARS:
+        return kind
+    if kind is _ALIAS:
+        return DType
+    if isinstance(item, tuple):
+        return (kind, _signature(item))
+    if isinstance(item, frozenset):
+        return (kind, frozenset(map(_with_types, item)))
+    return kind
 
 
 def _drop(graph: CudaGraph, scope: Scope) -> None:

@@ -202,8 +202,10 @@ def _reached_headers(source: str, include_path: list[str], pre_include: list[str
 _ARCH = re.compile(r"sm_\d{2,3}[af]?")
 
 
-def _options(kernel: Kernel[Any], arch: str) -> tuple[ProgramOptions, bytes | None]:
-    """The ProgramOptions for ``kernel`` and the digest of the headers they pull in (None without any)."""
+def _options(kernel: Kernel[Any], arch: str, headers: bool = True) -> tuple[ProgramOptions, bytes | None]:
+    """The ProgramOptions for ``kernel`` and the digest of the headers they pull in (None without
+    any, and with ``headers=False``, which reads no file: the include directories are not looked
+    for, and no header is read)."""
     from cuda.core import ProgramOptions
 
     if type(arch) is not str or not _ARCH.fullmatch(arch):
@@ -247,6 +249,12 @@ def _options(kernel: Kernel[Any], arch: str) -> tuple[ProgramOptions, bytes | No
             f"bad compile option: {exc}",
             "use the fields of cuda.core.ProgramOptions, e.g. {'use_fast_math': True}",
         ) from None
+    if not headers:
+        try:
+            options.as_bytes("nvrtc", "cubin")  # what the cache key reads: cuda.core's own checks of the values
+        except (TypeError, ValueError, RuntimeError) as exc:
+            raise _BadCompileInput(kernel, f"bad compile option: {exc}", "drop the option named above") from None
+        return options, None
     reached = _reached_headers(kernel.source, include_path, pre_include, not given.get("no_source_include"))
     extra = (
         _header_digest(kernel, include_path, pre_include, reached) if include_path or pre_include or reached else None
@@ -287,12 +295,17 @@ def _check_option_types(kernel: Kernel[Any], given: dict[str, Any], fields: type
             )
 
 
-def check_options(kernel: Kernel[Any]) -> None:
+def check_options(kernel: Kernel[Any], headers: bool = True) -> None:
     """Refuse ``kernel``'s compile options as a GPU would, without compiling (the host backend
     runs references, but a program it passes must not fail on a GPU for its options). Does
-    nothing without cuda.core, which then cannot compile on any backend."""
+    nothing without cuda.core, which then cannot compile on any backend.
+
+    ``@sg.kernel`` checks a kernel's options with ``headers=False`` when it is declared: the
+    names (cuda.core's ProgramOptions fields, not ``arch`` or ``name``, nothing uncacheable) and
+    the values' types, which need no file, NVRTC or GPU. The include directories and headers are
+    checked at the first launch (``headers=True``): they may be written after the declaration."""
     try:
-        _options(kernel, "sm_90")
+        _options(kernel, "sm_90", headers)
     except ImportError:
         return
 

@@ -845,10 +845,17 @@ def kernel(
     max_shared_bytes: int | None = None,
     launch_check: LaunchCheck | None = None,
 ) -> Callable[[Callable[P, None]], Kernel[P]]:
-    """Declare a CUDA C++ kernel. The C++ name defaults to the Python function's name.
+    """Declare a CUDA C++ kernel. The C++ name defaults to the Python function's name; either
+    must be one NVRTC can find the kernel by, a C++ identifier or one qualified by namespaces
+    (``ns::name``), without template arguments (``k.generics(...)`` gives those): any other is a
+    SignatureError here, on every backend.
 
     ``options`` are cuda.core ``ProgramOptions`` fields (e.g. ``{"use_fast_math": True}``);
-    the architecture is always the device's own.
+    the architecture is always the device's own. They are checked here as far as that needs
+    neither a file nor a compile (the names, ``arch`` and ``name`` being scopegraph's, the types
+    of the values): an option a GPU's compile would refuse is a CompileError when the kernel is
+    declared, on every backend. The include directories and headers are checked at its first
+    launch (they may be written after the declaration).
 
     ``touches`` declares how much of each tensor a launch may touch, as an expression of the
     scalar parameters and ``grid_x``..``block_z``: ``touches={"out": "n", "w": "n * k"}``. Every
@@ -897,7 +904,16 @@ def kernel(
                     "def name(out: Mut[Tensor], x: Tensor, n: sg.i32) -> None: ...",
                 )
             )
-        return Kernel(
+        problem = None if name is not None else _cpp_name_problem(fn.__name__)
+        if problem is not None:
+            raise SignatureError(
+                diagnostic(
+                    f"@sg.kernel(...) on `{fn.__qualname__}`: without name=, the kernel's C++ name is the "
+                    f"function's, and {problem[0]}",
+                    help=problem[1],
+                )
+            )
+        made: Kernel[P] = Kernel(
             fn,
             source,
             name or fn.__name__,
@@ -908,8 +924,57 @@ def kernel(
             max_shared_bytes=max_shared_bytes,
             launch_check=launch_check,
         )
+        if declared:
+            # Refused now where a GPU's compile would refuse them, as far as that needs no file:
+            # the first launch checks the include directories and headers too.
+            check_options(made, headers=False)
+        return made
 
     return wrap
+
+
+# A name NVRTC can find a kernel by: an identifier, or one qualified by its namespaces (ns::name,
+# ::name), without template arguments (generics() gives those). NVRTC reads ASCII identifiers only.
+_CPP_NAME = re.compile(r"(?:::)?[A-Za-z_][A-Za-z0-9_]*(?:::[A-Za-z_][A-Za-z0-9_]*)*")
+_CPP_KEYWORDS = frozenset(
+    """alignas alignof and and_eq asm auto bitand bitor bool break case catch char char8_t char16_t
+    char32_t class compl concept const consteval constexpr constinit const_cast continue co_await
+    co_return co_yield decltype default delete do double dynamic_cast else enum explicit export
+    extern false float for friend goto if inline int long mutable namespace new noexcept not not_eq
+    nullptr operator or or_eq private protected public register reinterpret_cast requires return
+    short signed sizeof static static_assert static_cast struct switch template this thread_local
+    throw true try typedef typeid typename union unsigned using virtual void volatile wchar_t while
+    xor xor_eq""".split()  # noqa: SIM905  # the keywords of C++20
+)
+
+
+def _cpp_name_problem(name: str) -> tuple[str, str] | None:
+    """Why ``name`` cannot be the C++ name of a kernel (completing "the kernel's C++ name ..."),
+    with the help line's advice; None when it can be: a C++ identifier, or one qualified by
+    namespaces (``ns::name``). NVRTC would refuse any other only when a GPU compiles it."""
+    declared = (
+        'pass name= the name the source gives the __global__ function, e.g. name="scale" for '
+        "`__global__ void scale(...)`"
+    )
+    template = name.find("<")
+    if template > 0 and name.endswith(">") and _CPP_NAME.fullmatch(name[:template]):
+        return (
+            f"{name!r} has template arguments, which are the launch's, not the name's",
+            f'pass name="{name[:template]}" and instantiate the template when launching it: '
+            f"kernel.generics({', '.join(repr(a.strip()) for a in _top_level_items(name[template + 1 : -1]))})"
+            "[grid, block](...)",
+        )
+    if not _CPP_NAME.fullmatch(name):
+        return (
+            f"{name!r} is not a C++ identifier (letters, digits and _, not starting with a digit; "
+            "ns::name for a kernel declared in a namespace)",
+            declared,
+        )
+    keyword = next((part for part in name.split("::") if part in _CPP_KEYWORDS), None)
+    if keyword is not None:
+        what = f"is the C++ keyword `{keyword}`" if keyword == name else f"has the C++ keyword `{keyword}` in it"
+        return f"{name!r} {what}, which nothing can be named", declared
+    return None
 
 
 def _check_declaration(
@@ -933,6 +998,9 @@ def _check_declaration(
             "name= takes the kernel's C++ name, a non-empty str",
             "pass the C++ function's name as a str, or leave name= out to use the Python function's name",
         )
+    problem = None if name is None else _cpp_name_problem(name)
+    if problem is not None:
+        raise refuse(f"name={name!r}", f"the kernel's C++ name {problem[0]}", problem[1])
     if options is not None and (not isinstance(options, Mapping) or not all(isinstance(key, str) for key in options)):
         raise refuse(
             f"options={options!r}",

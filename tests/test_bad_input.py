@@ -772,3 +772,54 @@ def test_a_foreign_object_that_describes_its_memory_wrongly_is_a_signature_error
         with pytest.raises(sg.SignatureError, match=r"__dlpack__\(stream=.*the consumer's stream is None or"):
             x.__dlpack__(stream=stream)
     assert x.numpy().shape == (4,) and x.__dlpack__(stream=None) is not None
+
+
+_NAMED_SRC = 'namespace ns { __global__ void k(float* out) {} }\nextern "C" __global__ void k2(float* out) {}'
+
+
+@pytest.mark.parametrize(
+    ("name", "match"),
+    [
+        ("my kernel", r"name='my kernel'\): the kernel's C\+\+ name 'my kernel' is not a C\+\+ identifier"),
+        ("1abc", "'1abc' is not a C\\+\\+ identifier"),
+        ("a-b", "'a-b' is not a C\\+\\+ identifier"),
+        ("k2 ", "'k2 ' is not a C\\+\\+ identifier"),
+        ("ns::", "'ns::' is not a C\\+\\+ identifier"),
+        ("ns:k", "'ns:k' is not a C\\+\\+ identifier"),
+        ("k\u00e9", "is not a C\\+\\+ identifier"),  # NVRTC: "unrecognized token"
+        ("int", "'int' is the C\\+\\+ keyword `int`, which nothing can be named"),
+        ("new::k", "'new::k' has the C\\+\\+ keyword `new` in it"),
+        ("k<3>", "'k<3>' has template arguments(.|\n)*help: pass name=\"k\" and .*kernel.generics\\('3'\\)"),
+    ],
+)
+def test_a_kernel_name_that_no_cpp_function_can_have_is_refused_when_declared(name: str, match: str) -> None:
+    """The host backend accepted any str as name= (NVRTC refused it only when a GPU compiled the kernel)."""
+
+    def k(out: sg.Mut[sg.Tensor]) -> None: ...
+
+    with pytest.raises(sg.SignatureError, match=match) as info:
+        sg.kernel(_NAMED_SRC, name=name)(k)
+    assert "\nhelp: " in str(info.value)
+
+
+@pytest.mark.parametrize("name", ["k2", "_k2", "ns::k", "::k2", "a::b::c", "__k", "K_2"])
+def test_kernel_names_nvrtc_can_find_are_accepted(name: str) -> None:
+    def k(out: sg.Mut[sg.Tensor]) -> None: ...
+
+    assert sg.kernel(_NAMED_SRC, name=name)(k).cpp_name == name
+
+
+def test_a_function_whose_name_no_cpp_function_can_have_needs_name() -> None:
+    """Without name=, the C++ name is the function's: a lambda's, or a C++ keyword, is refused."""
+
+    def new(out: sg.Mut[sg.Tensor]) -> None: ...
+
+    for fn, shown in (
+        (lambda out: None, "'<lambda>' is not a C\\+\\+ identifier"),
+        (new, "'new' is the C\\+\\+ keyword"),
+    ):
+        with pytest.raises(
+            sg.SignatureError, match=f"without name=, the kernel's C\\+\\+ name is the function's, and {shown}"
+        ):
+            sg.kernel(_NAMED_SRC)(fn)
+    assert sg.kernel(_NAMED_SRC, name="k2")(new).cpp_name == "k2"

@@ -5,9 +5,11 @@ builds that cache nothing."""
 from __future__ import annotations
 
 import gc
+import pickle
 import threading
 import weakref
 from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 import pytest
@@ -167,6 +169,66 @@ def test_keys_may_be_any_hashable(sg_device: sg.Device, sg_stream: sg.Stream) ->
         cache.get(["fill", 2.0])  # type: ignore[arg-type]
     assert "help:" in str(info.value)
     assert cache.misses == 1
+
+
+class Pair(NamedTuple):
+    a: int
+    b: int
+
+
+def test_keys_of_different_types_never_share_a_graph(sg_device: sg.Device, sg_stream: sg.Stream) -> None:
+    """1, True, 1.0 and np.int64(1) are one dict key in Python (equal, same hash): the graph
+    recorded for the int was replayed for the bool and the float. Each type is its own key now,
+    inside tuples (shapes) and frozensets too; a hit still needs no more than an equal key."""
+    x = sg_device.zeros((1,), name="x")
+    built: list[object] = []
+
+    def record(s: sg.Scope, key: object) -> None:
+        built.append(key)
+        s.record(library.fill_op(x.mut(), float(len(built))))  # each graph writes its own value
+
+    keys: list[object] = [
+        1, True, 1.0, np.int64(1), np.float32(1), 1 + 0j,
+        (1, 2), (True, 2), (1.0, 2), (np.int64(1), 2), Pair(1, 2),
+        ((1,), 2), ((True,), 2), ((1, 2),), (frozenset({1}), 2),
+        frozenset({1}), frozenset({True}), frozenset({(1, 2)}), frozenset({(1.0, 2)}),
+    ]  # fmt: skip
+    cache: sg.GraphCache[object] = sg.GraphCache(sg_stream, record, maxsize=len(keys))
+    for i, key in enumerate(keys):
+        assert key not in cache
+        cache.get(key).launch()
+        assert x.numpy()[0] == i + 1, f"{key!r} replayed the graph of another key"
+    assert (cache.hits, cache.misses, cache.evictions) == (0, len(keys), 0)
+    listed = cache.keys()  # the keys as given, with their types
+    assert built == keys and [type(k) for k in listed] == [type(k) for k in keys]
+    for i, key in enumerate(keys):  # an equal key of the same types (another object) hits, as before
+        copy = pickle.loads(pickle.dumps(key))
+        assert copy in cache
+        cache.get(copy).launch()
+        assert x.numpy()[0] == i + 1
+    assert cache.get(Pair(1, 2)[:]) is cache.get((1, 2))  # a slice of a named tuple is a tuple
+    assert (cache.hits, cache.misses) == (len(keys) + 2, len(keys))
+    with pytest.raises(sg.SignatureError, match="keys must be hashable"):
+        cache.get((1, [2]))
+
+
+def test_a_dtype_alias_is_the_dtype_it_names_in_a_key(sg_device: sg.Device, sg_stream: sg.Stream) -> None:
+    """sg.f32 compares equal to an f32 tensor's dtype (and to sg.float32): as a key, or in one,
+    it is that dtype, so a cache keyed by (shape, dtype) builds one graph for both spellings."""
+    x = sg_device.zeros((8,), sg.f32, name="x")
+    cache: sg.GraphCache[object] = sg.GraphCache(sg_stream, lambda s, key: None, maxsize=16)
+    for same in (
+        [sg.f32, sg.float32, x.dtype],
+        [(8, sg.f32), (8, sg.float32), (8, x.dtype)],
+        [(x.shape, sg.f32), ((8,), x.dtype)],
+        [frozenset({sg.f32}), frozenset({x.dtype})],
+    ):
+        first = cache.get(same[0])
+        assert all(cache.get(key) is first for key in same[1:])
+    assert (cache.hits, cache.misses) == (6, 4)
+    for other in (sg.f64, sg.i32, (8, sg.i32), (8.0, sg.f32), (np.int64(8), x.dtype)):
+        assert other not in cache
+    assert len(cache) == 4
 
 
 def test_record_calling_get_is_refused_not_deadlocked(sg_device: sg.Device, sg_stream: sg.Stream) -> None:

@@ -70,6 +70,23 @@ def test_every_library_kernel_compiles_for_sm_90(kernel: sg.Kernel) -> None:  # 
     assert len(code.cubin) > 0
 
 
+@pytest.mark.parametrize("name", ["ns::k", "ns::inner::k", "::top", "ns::tk"])
+def test_a_name_qualified_by_namespaces_compiles(name: str) -> None:
+    """@sg.kernel(name=) refuses what no C++ function can be named (tests/test_bad_input.py), but not a
+    kernel declared in a namespace: NVRTC finds it by its qualified name, a template one too."""
+    source = (
+        "namespace ns { __global__ void k(float* out) {} namespace inner { __global__ void k(float* out) {} }\n"
+        "template <int N> __global__ void tk(float* out) { out[0] = N; } }\n"
+        "__global__ void top(float* out) {}"
+    )
+
+    def k(out: Mut[Tensor]) -> None: ...
+
+    kernel = sg.kernel(source, name=name)(k)
+    launched = kernel.generics(3) if name == "ns::tk" else kernel
+    assert launched.name_expression in build(launched).symbols
+
+
 def _nvrtc_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError("NVRTC was asked to compile; the cache should have answered")
@@ -338,38 +355,70 @@ def test_pre_include_outside_the_include_path_is_hashed(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("options", "message"),
+    ("options", "message", "when"),
     [
-        ({"include_path": "/no/such/include/dir"}, "is not a directory"),
-        ({"include_path": ["/no/such/include/dir"]}, "is not a directory"),
-        ({"include_path": 5}, "bad compile option: include_path=5"),
-        ({"include_path": []}, "bad compile option: include_path=[]"),
-        ({"include_path": ""}, "bad compile option: include_path=''"),  # not the whole working directory
-        ({"pre_include": [b"bytes.h"]}, "bad compile option: pre_include"),
-        ({"create_pch": "k.pch"}, "create_pch cannot be cached"),
-        ({"pch": True}, "pch cannot be cached"),
-        ({"time": "t.csv"}, "time cannot be cached"),
-        ({"use_pch": ""}, "bad compile option"),
-        ({"name": "x/y"}, "bad compile option: name is scopegraph's to choose"),
-        ({"arch": "sm_80"}, "bad compile option: arch is scopegraph's to choose"),
-        ({"define_macro": 5}, "bad compile option: define_macro=5 is not str | tuple[str, str]"),
-        ({"define_macro": ("VALUE",)}, "bad compile option: Expected define_macro"),  # cuda.core's RuntimeError
+        # Refused when compiled (or first launched): whether a directory exists is the file system's.
+        ({"include_path": "/no/such/include/dir"}, "is not a directory", "compiled"),
+        ({"include_path": ["/no/such/include/dir"]}, "is not a directory", "compiled"),
+        ({"include_path": 5}, "bad compile option: include_path=5", "declared"),
+        ({"include_path": []}, "bad compile option: include_path=[]", "declared"),
+        ({"include_path": ""}, "bad compile option: include_path=''", "declared"),  # not the whole working directory
+        ({"pre_include": [b"bytes.h"]}, "bad compile option: pre_include", "declared"),
+        ({"create_pch": "k.pch"}, "create_pch cannot be cached", "declared"),
+        ({"pch": True}, "pch cannot be cached", "declared"),
+        ({"time": "t.csv"}, "time cannot be cached", "declared"),
+        ({"use_pch": ""}, "bad compile option", "declared"),
+        ({"name": "x/y"}, "bad compile option: name is scopegraph's to choose", "declared"),
+        ({"arch": "sm_80"}, "bad compile option: arch is scopegraph's to choose", "declared"),
+        ({"define_macro": 5}, "bad compile option: define_macro=5 is not str | tuple[str, str]", "declared"),
+        ({"define_macro": ("VALUE",)}, "bad compile option: Expected define_macro", "declared"),  # cuda.core's
         # Values of a type the field does not take: NVRTC refused them on a GPU only, as a source error.
-        ({"max_register_count": "lots"}, "bad compile option: max_register_count='lots' is not int | None"),
-        ({"max_register_count": True}, "bad compile option: max_register_count=True is not int | None"),
-        ({"use_fast_math": 1}, "bad compile option: use_fast_math=1 is not bool | None"),
-        ({"extra_sources": [("a.ll", "b")]}, "extra_sources is only valid"),  # refused by the cache key
+        ({"max_register_count": "lots"}, "bad compile option: max_register_count='lots' is not int | None", "declared"),
+        ({"max_register_count": True}, "bad compile option: max_register_count=True is not int | None", "declared"),
+        ({"use_fast_math": 1}, "bad compile option: use_fast_math=1 is not bool | None", "declared"),
+        ({"no_such_option": True}, "unexpected keyword argument 'no_such_option'", "declared"),
+        ({"extra_sources": [("a.ll", "b")]}, "extra_sources is only valid", "compiled"),  # refused by the cache key
     ],
 )
-def test_bad_include_options_are_compile_errors(options: dict[str, object], message: str) -> None:
-    @sg.kernel('extern "C" __global__ void k() {}', options=options)
-    def k() -> None: ...
+def test_bad_include_options_are_compile_errors(options: dict[str, object], message: str, when: str) -> None:
+    """Each is a CompileError with help; those that need no file and no compile are refused when
+    the kernel is declared, on every backend (before: at its first launch, or its compile)."""
+
+    def declared() -> sg.Kernel[[]]:
+        @sg.kernel('extern "C" __global__ void k() {}', options=options)
+        def k() -> None: ...
+
+        return k
 
     with pytest.raises(sg.CompileError) as info:
+        k = declared()
+        assert when == "compiled", f"{options} was not refused when the kernel was declared"
         compile_kernel(k, "sm_90")
     assert message in str(info.value)
     assert "\nhelp: " in str(info.value)
     assert "fix the CUDA C++ source" not in str(info.value)
+
+
+def test_options_that_need_the_file_system_are_checked_at_the_first_launch(tmp_path: Path) -> None:
+    """An include directory may be written after the kernel is declared (a build step, a test's
+    tmp_path): declaring reads no file; the first launch on the host backend finds it, or not."""
+    later = tmp_path / "generated"
+
+    @sg.kernel(
+        '#include "value.h"\nextern "C" __global__ void k(float* out) { out[0] = VALUE; }',
+        options={"include_path": later},
+    )
+    def k(out: Mut[Tensor]) -> None: ...
+
+    k.host(lambda out: out.fill(1.0))
+    dev = sg.device("host")
+    stream, y = dev.stream(), dev.zeros((1,), name="y")
+    with pytest.raises(sg.CompileError, match="is not a directory"):
+        stream.run(k[1, 1](y.mut()))
+    later.mkdir()
+    (later / "value.h").write_text("#define VALUE 1.0f\n")
+    stream.run(k[1, 1](y.mut()))
+    np.testing.assert_array_equal(y.numpy(), 1.0)
 
 
 def test_unreadable_header_is_a_compile_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -409,14 +458,6 @@ def test_an_architecture_nvrtc_would_not_know_is_refused_as_such(arch: str) -> N
 def test_bad_template_arguments_are_a_compile_error() -> None:
     with pytest.raises(sg.CompileError, match="rms_norm<33>"):
         compile_kernel(library.rms_norm.generics(33), "sm_90")  # static_assert: multiple of 32
-
-
-def test_bad_option_is_a_compile_error() -> None:
-    @sg.kernel('extern "C" __global__ void k() {}', options={"no_such_option": True})
-    def k() -> None: ...
-
-    with pytest.raises(sg.CompileError, match="bad compile option"):
-        compile_kernel(k, "sm_90")
 
 
 def test_the_host_backend_refuses_compile_options_a_gpu_refuses() -> None:

@@ -1114,6 +1114,27 @@ def kernel_name_a_number(c: Ctx) -> None:
     sg.kernel(SCALE_SRC, name=3)(_scale_signature)  # type: ignore[arg-type]
 
 
+@case("SignatureError", r"name='misuse scale'", r"not a C\+\+ identifier", r"__global__ function")
+def kernel_name_not_a_cpp_identifier(c: Ctx) -> None:
+    """@sg.kernel(SRC, name="misuse scale"): NVRTC would refuse it, but only when a GPU compiles it."""
+    sg.kernel(SCALE_SRC, name="misuse scale")(_scale_signature)
+
+
+@case("SignatureError", r"name='misuse_scale<4>'", r"template arguments", r"generics\('4'\)")
+def kernel_name_with_template_arguments(c: Ctx) -> None:
+    """@sg.kernel(SRC, name="k<4>"): template arguments are the launch's (generics())."""
+    sg.kernel(SCALE_SRC, name="misuse_scale<4>")(_scale_signature)
+
+
+@case("SignatureError", r"`delete`", r"without name=", r"C\+\+ keyword", r"name=")
+def kernel_function_named_like_a_cpp_keyword(c: Ctx) -> None:
+    """@sg.kernel(SRC) on `def delete(...)`: the default C++ name is a keyword no function can have."""
+
+    def delete(out: Mut[Tensor], x: Tensor, n: sg.i32) -> None: ...
+
+    sg.kernel(SCALE_SRC)(delete)
+
+
 @case("SignatureError", r"applied to int 42", r"not a function")
 def kernel_decorating_a_number(c: Ctx) -> None:
     """sg.kernel(SRC)(42): the decorator applied to something that is not a function."""
