@@ -156,7 +156,8 @@ __global__ void rms_norm(float* __restrict__ out, const float* __restrict__ x,
 // half of each row held in shared memory (cp.async) so that four blocks fit an SM, 8-15% fewer.
 // On an H200: triggering the dependents only once this block's weights have landed (so that the
 // next kernel's weights do not share the memory with this kernel's last blocks), 18% fewer; x
-// staged by one TMA bulk copy instead of cp.async, 17% fewer.
+// staged by one TMA bulk copy instead of cp.async, 17% fewer; rms_norm_matvec staging x and the
+// norm's weights by cp.async into 2 k floats of shared memory (one round trip, not two), 12% fewer.
 
 #ifndef CHUNK  // float4 loads in flight per lane (benchmarks may override it)
 #define CHUNK 16
