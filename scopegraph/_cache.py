@@ -161,21 +161,18 @@ class GraphCache(Generic[K]):
 
 # Keys kept as they are: an int, a str, bytes, None, or a tuple of those (a shape). No key of
 # another type is equal to one of them (True == 1 is, but a bool is wrapped), and every other key
-# is wrapped in a tuple that starts with _WRAPPED, which no user key holds. A hit on the usual key
-# costs one look at its type (and its items') more than before keys had types.
+# is wrapped in a tuple that starts with _WRAPPED, which no user key holds.
 _AS_IS: frozenset[type] = frozenset({int, str, bytes, type(None)})
 _WRAPPED = object()
-# Items whose type says all there is to add to their value: nothing inside to look at.
-_SCALARS: frozenset[type] = _AS_IS | {bool, float, complex, DType}
 # A dtype alias (``sg.f32``) is equal to the DType it names and hashes as it does: a key's types
 # count it as a DType. (An alias that names no dtype is equal to no DType, so nothing is merged.)
 _ALIAS = type(_dtypes.f32)
 
 
 def _typed(key: object) -> Hashable:
-    """What the cache compares for ``key``: itself where that is exact
-    (see _AS_IS), else ``(_WRAPPED, _with_types(key))``. So keys that are equal in Python but of
-    different types (``1``, ``True``, ``1.0``) are different keys."""
+    """What the cache compares for ``key``: itself where that is exact (see _AS_IS), else
+    ``(_WRAPPED, _with_types(key))``. So keys that are equal in Python but of different types
+    (``1``, ``True``, ``1.0``) are different keys."""
     kind = type(key)
     if kind in _AS_IS or (kind is tuple and _AS_IS.issuperset(map(type, key))):  # type: ignore[call-overload]
         return key
@@ -183,37 +180,15 @@ def _typed(key: object) -> Hashable:
 
 
 def _with_types(key: object) -> Hashable:
-    """``key`` with its type: ``(type, key)``; for a tuple ``(type, key, its items' types)``
-    (_signature), for a frozenset ``(type, its items with their types)``. Two of these are equal
-    when the keys are (as Python compares them) and their types are the same. Unhashable items
-    stay in: hashing the result raises TypeError, as hashing ``key`` would."""
+    """``(type, key)``, the items of a tuple or frozenset each with their types in turn. Two of
+    these are equal when the keys are (as Python compares them) and so are all their types.
+    Unhashable items stay in: hashing the result raises TypeError, as hashing ``key`` would."""
     kind = type(key)
     if isinstance(key, tuple):
-        return (kind, key, _signature(key))
+        return (kind, tuple(map(_with_types, key)))
     if isinstance(key, frozenset):
         return (kind, frozenset(map(_with_types, key)))
     return (DType if kind is _ALIAS else kind, key)
-
-
-def _signature(key: tuple[object, ...]) -> tuple[object, ...]:
-    """The types of ``key``'s items, in order: a type for an item without items of its own, and
-    ``(type, its items' types)`` for a tuple or a frozenset item (a tuple: never equal to a type)."""
-    types = tuple(map(type, key))
-    if _SCALARS.issuperset(types):  # a shape, (n, t.dtype), ...: the usual tuple, at once
-        return types
-    return tuple(map(_item_signature, key, types))
-
-
-def _item_signature(item: object, kind: type) -> object:
-    if kind in _SCALARS:
-        return kind
-    if kind is _ALIAS:
-        return DType
-    if isinstance(item, tuple):
-        return (kind, _signature(item))
-    if isinstance(item, frozenset):
-        return (kind, frozenset(map(_with_types, item)))
-    return kind
 
 
 def _drop(graph: CudaGraph, scope: Scope) -> None:

@@ -1422,6 +1422,18 @@ class KernelLaunch(GraphNode):
         self.params = ((-1, arg),)  # marks the launch as having parameters; __init__ lists them
         return arg
 
+    def with_values(self, args: tuple[Any, ...]) -> KernelLaunch:
+        """This launch with ``args`` (``resolved`` ones: values in place of its sg.Params) and no
+        parameters: the same borrows and device, as the values change no tensor, and a bound form
+        of its own (this launch's holds the defaults). ``graph.update`` runs it."""
+        op = _new_launch(KernelLaunch)
+        op.kernel, op.grid, op.block, op.shmem = self.kernel, self.grid, self.block, self.shmem
+        op.borrows, op.device = self.borrows, self.device
+        op.args = args
+        op.native = None
+        op.params = _NO_PARAMS
+        return op
+
     def resolved(self, values: Mapping[str, np.generic] | None) -> tuple[Any, ...]:
         """The arguments with each sg.Param replaced by its value in ``values`` (default: its default)."""
         args = list(self.args)

@@ -224,24 +224,4 @@ class ParamTable:
                     "the op's sg.Param a name the graph lacks (it then keeps its default)",
                 )
             ) from None
-        bound = _copy(op)  # the same borrows: the values change no tensor
-        bound.args = args
-        bound.params = ()
-        bound.native = None  # the op's bound form holds its defaults
-        return bound
-
-
-_SLOTS: dict[type, tuple[str, ...]] = {}
-
-
-def _copy(op: KernelLaunch) -> KernelLaunch:
-    """A shallow copy of a launch, slot by slot (a tenth of ``copy.copy``'s cost)."""
-    cls = type(op)
-    slots = _SLOTS.get(cls)
-    if slots is None:
-        declared = [c.__dict__.get("__slots__", ()) for c in cls.__mro__]
-        slots = _SLOTS[cls] = tuple(s for d in declared for s in ((d,) if isinstance(d, str) else d))
-    new = object.__new__(cls)
-    for name in slots:
-        setattr(new, name, getattr(op, name))
-    return new
+        return op.with_values(args)
