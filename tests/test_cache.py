@@ -9,7 +9,7 @@ import pickle
 import threading
 import weakref
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Annotated, NamedTuple
 
 import numpy as np
 import pytest
@@ -191,6 +191,7 @@ def test_keys_of_different_types_never_share_a_graph(sg_device: sg.Device, sg_st
         1, True, 1.0, np.int64(1), np.float32(1), 1 + 0j,
         (1, 2), (True, 2), (1.0, 2), (np.int64(1), 2), Pair(1, 2),
         ((1,), 2), ((True,), 2), ((1, 2),), (frozenset({1}), 2),
+        ((1, 2), "a"), ((True, 2), "a"), ((1, 2), "a", 1.0), ((1, 2), "a", True), ((1, 2), ("a", 1.0)),
         frozenset({1}), frozenset({True}), frozenset({(1, 2)}), frozenset({(1.0, 2)}),
     ]  # fmt: skip
     cache: sg.GraphCache[object] = sg.GraphCache(sg_stream, record, maxsize=len(keys))
@@ -216,17 +217,18 @@ def test_a_dtype_alias_is_the_dtype_it_names_in_a_key(sg_device: sg.Device, sg_s
     """sg.f32 compares equal to an f32 tensor's dtype (and to sg.float32): as a key, or in one,
     it is that dtype, so a cache keyed by (shape, dtype) builds one graph for both spellings."""
     x = sg_device.zeros((8,), sg.f32, name="x")
+    users_f32 = Annotated[float, sg.float32]  # an alias of the user's own, naming the DType itself
     cache: sg.GraphCache[object] = sg.GraphCache(sg_stream, lambda s, key: None, maxsize=16)
     for same in (
-        [sg.f32, sg.float32, x.dtype],
-        [(8, sg.f32), (8, sg.float32), (8, x.dtype)],
+        [sg.f32, sg.float32, x.dtype, users_f32],
+        [(8, sg.f32), (8, sg.float32), (8, x.dtype), (8, users_f32)],
         [(x.shape, sg.f32), ((8,), x.dtype)],
         [frozenset({sg.f32}), frozenset({x.dtype})],
     ):
         first = cache.get(same[0])
         assert all(cache.get(key) is first for key in same[1:])
-    assert (cache.hits, cache.misses) == (6, 4)
-    for other in (sg.f64, sg.i32, (8, sg.i32), (8.0, sg.f32), (np.int64(8), x.dtype)):
+    assert (cache.hits, cache.misses) == (8, 4)
+    for other in (sg.f64, sg.i32, (8, sg.i32), (8.0, sg.f32), (np.int64(8), x.dtype), Annotated[float, "f32"]):
         assert other not in cache
     assert len(cache) == 4
 
