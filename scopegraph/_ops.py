@@ -213,7 +213,7 @@ class Memset(GraphNode):
 
     __slots__ = ("dst", "pattern", "value")
 
-    def __init__(self, dst: Mut[Tensor], value: float | int | bool) -> None:
+    def __init__(self, dst: Mut[Tensor], value: float | np.number[Any] | np.bool_) -> None:
         self.dst = d = dst.tensor if type(dst) is Mut else borrowed_tensor(dst, True, "memset", "dst")
         # Fills repeat a few values: (numpy scalar, pattern) by (dtype, type, value), for plain
         # ints and non-zero floats (0.0 == -0.0 as keys, but their bytes differ).
@@ -273,7 +273,7 @@ def memcpy(dst: Mut[Tensor], src: Tensor) -> Memcpy:
     return Memcpy(dst, src)
 
 
-def memset(dst: Mut[Tensor], value: float | int | bool) -> Memset:
+def memset(dst: Mut[Tensor], value: float | np.number[Any] | np.bool_) -> Memset:
     """A graph node that fills ``dst`` with ``value`` (for 8-byte dtypes, see :class:`Memset`)."""
     return Memset(dst, value)
 

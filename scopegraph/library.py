@@ -278,8 +278,9 @@ def _written(out: Mut[Tensor], helper: str) -> Tensor:
     return borrowed_tensor(out, True, helper, "out")
 
 
-# A helper's scalar: a value, or an sg.Param a graph can change at launch(name=value).
-Scalar = float | Param[float]
+# A helper's scalar: a value (numpy's too, as a launch converts them), or an sg.Param a graph can
+# change at launch(name=value).
+Scalar = float | np.floating[Any] | np.integer[Any] | Param[float]
 
 
 def _elementwise(out: Mut[Tensor], helper: str, block: int = ELEMENTWISE_BLOCK) -> tuple[int, int]:

@@ -44,10 +44,13 @@ It also names the kernel in mypy's messages for a launch (``Argument 1 to "axpy"
 incompatible type ...``), through a variable that holds ``axpy[grid, block]`` too (a kernel held
 in a container is named by its place, ``kernels['axpy']``; one no expression names is "kernel
 launch"). One variable may hold launchers of several kernels of one signature; it is named after
-the first it was given. It lets a launch take a graph parameter where the kernel takes a scalar:
-an ``sg.f32`` parameter accepts ``float`` or ``sg.Param[float]``, an ``sg.i32`` one ``int`` or
-``sg.Param[int]`` (see ``scopegraph._params``; ``sg.Param("n", sg.i32, 1)`` is an
-``sg.Param[int]`` wherever it stands, so it does not pass for an ``sg.f32`` one). A ``bool`` for
+the first it was given. It lets a launch take a graph parameter or a numpy scalar where the
+kernel takes a scalar, as a launch converts them: an ``sg.f32`` parameter accepts ``float``,
+``sg.Param[float]``, or a numpy float or integer (``np.float32(0.5)``, ``np.int64(2)``), an
+``sg.i32`` one ``int``, ``sg.Param[int]`` or a numpy integer (see ``scopegraph._params``;
+``sg.Param("n", sg.i32, 1)`` is an ``sg.Param[int]`` wherever it stands, so it does not pass for
+an ``sg.f32`` one; a numpy float, like a float, is not an int to mypy, though a launch takes one
+whose value is integral). A ``bool`` for
 an int or float scalar, which mypy's types let through (a bool is an int) and scopegraph refuses
 when the launch is built, is an ``arg-type`` error, in a launch and in a ``scopegraph.library``
 helper (``axpy_op(y.mut(), x, True)``).
@@ -105,6 +108,7 @@ from mypy.nodes import (
 )
 from mypy.plugin import FunctionContext, MethodContext, MethodSigContext, Plugin
 from mypy.types import (
+    AnyType,
     CallableType,
     Instance,
     LiteralType,
@@ -112,6 +116,7 @@ from mypy.types import (
     Overloaded,
     Parameters,
     Type,
+    TypeOfAny,
     TypeVarType,
     UnionType,
     get_proper_type,
@@ -135,6 +140,13 @@ _TENSOR = "scopegraph._tensor.Tensor"
 _CAPTURES = ("scopegraph._scope.Scope.capture", "scopegraph._control.Body.capture")
 _PARAM = "scopegraph._params.Param"
 _SCALARS = ("builtins.float", "builtins.int", "builtins.bool")
+# The numpy scalars a launch converts (DType.scalar) where a kernel takes each of _SCALARS: a float
+# takes numpy's floats and integers, an int numpy's integers, a bool numpy's bool.
+_NUMPY_SCALARS = {
+    "builtins.float": ("numpy.floating", "numpy.integer"),
+    "builtins.int": ("numpy.integer",),
+    "builtins.bool": ("numpy.bool",),
+}
 # What a launch is called in messages when its kernel cannot be named from the code.
 _UNNAMED_LAUNCH = "kernel launch"
 
@@ -483,14 +495,26 @@ class ScopeGraphPlugin(Plugin):
         return self._launch_signature if fullname == _LAUNCHER_CALL else None
 
     def _launch_signature(self, ctx: MethodSigContext) -> CallableType:
-        """The kernel's name in messages, and ``sg.Param[T]`` accepted where it takes a scalar ``T``."""
+        """The kernel's name in messages, and ``sg.Param[T]`` and numpy's scalars accepted where it
+        takes a scalar ``T``."""
         # No definition: mypy would point at Launcher.__call__ in scopegraph._kernel as where the
         # user's kernel is "defined" (a note under an unexpected keyword argument).
         signature = ctx.default_signature.copy_modified(name=_launch_name(ctx.type), definition=None)
         sym = self.lookup_fully_qualified(_PARAM)
         if sym is None or not isinstance(sym.node, TypeInfo):
             return signature
-        return _accept_params(sym.node, signature)
+        return _accept_params(sym.node, self._numpy_scalars(), signature)
+
+    def _numpy_scalars(self) -> dict[str, list[Instance]]:
+        """_NUMPY_SCALARS as types, those that this program's numpy has."""
+        found: dict[str, list[Instance]] = {}
+        for scalar, names in _NUMPY_SCALARS.items():
+            for name in names:
+                sym = self.lookup_fully_qualified(name)
+                if sym is not None and isinstance(sym.node, TypeInfo):
+                    args = [AnyType(TypeOfAny.special_form)] * len(sym.node.defn.type_vars)
+                    found.setdefault(scalar, []).append(Instance(sym.node, args))
+        return found
 
     def _launcher_type(self, ctx: MethodContext) -> Type:
         """``k[grid, block]`` as ``Launcher[P, Literal["k"] | str]``: its call reaches the hooks
@@ -522,13 +546,14 @@ def _launch_name(launcher: Type) -> str:
     return name.value if isinstance(name, LiteralType) and isinstance(name.value, str) else _UNNAMED_LAUNCH
 
 
-def _accept_params(param: TypeInfo, signature: CallableType) -> CallableType:
-    """A scalar parameter ``T`` (float, int, bool) also takes ``sg.Param[T]``."""
+def _accept_params(param: TypeInfo, numpy_scalars: dict[str, list[Instance]], signature: CallableType) -> CallableType:
+    """A scalar parameter ``T`` (float, int, bool) also takes ``sg.Param[T]`` and numpy's scalars
+    of its kind."""
     widened: list[Type] = []
     for typ in signature.arg_types:
         proper = get_proper_type(typ)
         if isinstance(proper, Instance) and proper.type.fullname in _SCALARS:
-            typ = UnionType([typ, Instance(param, [typ])])
+            typ = UnionType([typ, Instance(param, [typ]), *numpy_scalars.get(proper.type.fullname, ())])
         widened.append(typ)
     return signature.copy_modified(arg_types=widened)
 

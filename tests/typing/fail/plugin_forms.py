@@ -5,6 +5,8 @@ import functools
 from collections.abc import Callable
 from typing import ParamSpec, TypeVar, overload
 
+import numpy as np
+
 import scopegraph as sg
 from scopegraph import CudaGraph, Mut, Tensor, library
 
@@ -107,3 +109,10 @@ stream.run(library.fill_op(y.mut(), value=False))  # E: arg-type
 # and so here (mypy would promote the int otherwise), and the reverse.
 library.axpy[1, 16](y.mut(), x, sg.Param("a", sg.i32, 2), 16)  # E: arg-type
 library.axpy[1, 16](y.mut(), x, 2.0, sg.Param("n", sg.f32, 16.0))  # E: arg-type
+
+# numpy scalars pass where a launch converts them (pass/numpy_scalars.py), but not every one: a
+# numpy float for an int is an error as a float is (a launch takes one only with an integral
+# value), and numpy's bool is no number (a launch refuses it).
+library.axpy[1, 16](y.mut(), x, 2.0, np.float32(16))  # E: arg-type
+library.axpy[1, 16](y.mut(), x, np.bool_(True), 16)  # E: arg-type
+library.axpy_op(y.mut(), x, np.bool_(True))  # E: arg-type
