@@ -157,7 +157,10 @@ __global__ void rms_norm(float* __restrict__ out, const float* __restrict__ x,
 // On an H200: triggering the dependents only once this block's weights have landed (so that the
 // next kernel's weights do not share the memory with this kernel's last blocks), 18% fewer; x
 // staged by one TMA bulk copy instead of cp.async, 17% fewer; rms_norm_matvec staging x and the
-// norm's weights by cp.async into 2 k floats of shared memory (one round trip, not two), 12% fewer.
+// norm's weights by cp.async into 2 k floats of shared memory (one round trip, not two), 12% fewer;
+// a second row a warp copied into shared memory before the wait (every row of a matvec requested
+// early, half the grid), 20-25% fewer: x, read after the wait, queues behind every weight request
+// made before it, and more of them made early lengthens each kernel's critical path.
 
 #ifndef CHUNK  // float4 loads in flight per lane (benchmarks may override it)
 #define CHUNK 16
