@@ -84,6 +84,11 @@ CASES: list[Case] = [
     Case("4k, weights by __ldg", "kernels", LDG),
     Case("fused, no register cap", "fused", NO_BOUNDS),  # on an H200: +1%, on an H100 the cap pays
     Case("fused, 2 matvec blocks an SM", "fused", TWO_BLOCKS),
+    # Half (or 3/4) of each row before the wait, the rest after x is staged, 3 blocks an SM as
+    # the library: fewer bytes a block queued ahead of its read of x.
+    Case("fused, half of each row before the wait", "fused", ("CHUNK=8",)),
+    Case("fused, 3/4 of each row before the wait", "fused", ("CHUNK=12",)),
+    Case("4k, half of each row before the wait", "kernels", ("CHUNK=8",)),
 ]
 TRACED = ("4k", "fused")
 # d=512 x 22 (launch-bound: the weights nearly fit in L2).
