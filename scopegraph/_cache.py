@@ -159,48 +159,38 @@ class GraphCache(Generic[K]):
         )
 
 
-# Keys kept as they are: an int, a str, bytes, None, or tuples of those (a shape, a shape and a
-# name). No key of another type is equal to one of them (True == 1 is, but a bool is wrapped), and
-# every other key is wrapped in a tuple that starts with _WRAPPED, which no user key holds.
+# Keys kept as they are: an int, a str, bytes, None, and tuples of those or of such tuples (a
+# shape, a shape and a name). No value of another type is equal to one of them (True == 1 is, but
+# a bool is not kept as it is), and every other key becomes a tuple that starts with a type.
 _AS_IS: frozenset[type] = frozenset({int, str, bytes, type(None)})
-_WRAPPED = object()
 # A dtype alias (``sg.f32``) is equal to the DType it names: a key's types count it as that DType.
 # (An alias that names no dtype is equal to no DType, so nothing is merged.)
 _ALIAS = type(_dtypes.f32)
 
 
-def _typed(key: object) -> Hashable:
-    """What the cache compares for ``key``: itself where that is exact (see _AS_IS), else
-    ``(_WRAPPED, _with_types(key))``. So keys that are equal in Python but of different types
-    (``1``, ``True``, ``1.0``) are different keys."""
-    kind = type(key)
-    if kind in _AS_IS or (
-        kind is tuple and (_AS_IS.issuperset(map(type, key)) or all(map(_exact, key)))  # type: ignore[call-overload]
-    ):
-        return key
-    return (_WRAPPED, _with_types(key))
-
-
 def _exact(key: object) -> bool:
-    """Whether ``key`` is an _AS_IS value, or a tuple of them."""
+    """Whether ``key`` is kept as it is (see _AS_IS)."""
     kind = type(key)
-    return kind in _AS_IS or (kind is tuple and _AS_IS.issuperset(map(type, key)))  # type: ignore[call-overload]
+    return kind in _AS_IS or (
+        kind is tuple and (_AS_IS.issuperset(map(type, key)) or all(map(_exact, key)))  # type: ignore[call-overload]
+    )
 
 
-def _with_types(key: object) -> Hashable:
-    """``key`` with its types: an _AS_IS value, or a tuple of them, as it is (no value of another
-    type equals one); another tuple, or a frozenset, as ``(type, items)`` with each item's types in
-    turn; a dtype, or an alias naming one, as the dtype's fields (compared in C, where comparing
-    aliases runs typing's __eq__ and DType's); anything else as ``(type, key)``. Two of these are
-    equal when the keys are (as Python compares them) and so are all their types. Unhashable items
-    stay in: hashing the result raises TypeError, as hashing ``key`` would."""
+def _typed(key: object) -> Hashable:
+    """What the cache compares for ``key``: ``key`` with its types. A key kept as it is stays so
+    (see _AS_IS); another tuple, or a frozenset, is ``(type, items)`` with each item's types in
+    turn; a dtype, or an alias naming one, the dtype's fields (compared in C, where comparing
+    aliases runs typing's __eq__ and DType's); anything else ``(type, key)``. Two of these are
+    equal when the keys are (as Python compares them) and so are all their types: ``1``, ``True``
+    and ``1.0`` are different keys. Unhashable items stay in: hashing the result raises
+    TypeError, as hashing ``key`` would."""
+    if _exact(key):
+        return key
     kind = type(key)
-    if kind in _AS_IS or (kind is tuple and _AS_IS.issuperset(map(type, key))):  # type: ignore[call-overload]
-        return key  # (a shape) every other result is a tuple that starts with a type
     if isinstance(key, tuple):
-        return (kind, tuple(map(_with_types, key)))
+        return (kind, tuple(map(_typed, key)))
     if isinstance(key, frozenset):
-        return (kind, frozenset(map(_with_types, key)))
+        return (kind, frozenset(map(_typed, key)))
     if kind is _ALIAS:  # the dtype it names, found as dtype_of_annotation finds it (without typing's calls)
         for meta in key.__metadata__:  # type: ignore[attr-defined]
             if type(meta) is _dtypes.Names:
