@@ -48,6 +48,7 @@ class Case(NamedTuple):
     # is half as large and fits beside the first one, so all its blocks start (and trigger their
     # dependents) early; each warp loads its second row after the wait.
     second_rows: int = 1
+    warps: int = library.MATVEC_WARPS  # warps a matvec block (one row each); macros set the matching bounds
     base: bool = False  # every kernel from the --baseline source (another version of library.cu)
 
 
@@ -89,6 +90,14 @@ CASES: list[Case] = [
     Case("fused, half of each row before the wait", "fused", ("CHUNK=8",)),
     Case("fused, 3/4 of each row before the wait", "fused", ("CHUNK=12",)),
     Case("4k, half of each row before the wait", "kernels", ("CHUNK=8",)),
+    # Smaller blocks, the same 768 threads (80 registers) an SM: as a kernel's blocks leave, the
+    # next one's fill the room in finer steps.
+    Case("fused, 4 warps a block", "fused", ("SG_MATVEC_BOUNDS=__launch_bounds__(128,6)",), warps=4),
+    Case("fused, 2 warps a block", "fused", ("SG_MATVEC_BOUNDS=__launch_bounds__(64,12)",), warps=2),
+    Case("4k, 4 warps a block", "kernels", ("SG_MATVEC_BOUNDS=__launch_bounds__(128,6)",), warps=4),
+    Case("fused, 6 warps a block", "fused", ("SG_MATVEC_BOUNDS=__launch_bounds__(192,4)",), warps=6),
+    Case("fused, 12 warps a block", "fused", ("SG_MATVEC_BOUNDS=__launch_bounds__(384,2)",), warps=12),
+    Case("4k, 12 warps a block", "kernels", ("SG_MATVEC_BOUNDS=__launch_bounds__(384,2)",), warps=12),
 ]
 TRACED = ("4k", "fused")
 # d=512 x 22 (launch-bound: the weights nearly fit in L2).
@@ -146,11 +155,15 @@ def form_ops(model: LayerStack, case: Case, source: str | None = None) -> tuple[
         assert BASELINE[0] is not None, "a baseline case needs --baseline FILE"
         source = BASELINE[0] if source is None else traced_source(BASELINE[0])
     ks = kernels_of(form, macros, cfg.d, source)
+    if case.warps > 8:  # past the library's own launch check (its bounds allow 256 threads; the case's allow more)
+        for k in ks:
+            if k.launch_check is library.whole_warps:
+                k.launch_check = library.one_dimensional
     ops: list[Any] = []
     for w, b in zip(model.weights, model.buffers, strict=True):
         n, k = w.wq.shape
-        grid, block, shared = -(-n // library.MATVEC_WARPS), 32 * library.MATVEC_WARPS, 4 * k
-        grid2 = -(-n // (library.MATVEC_WARPS * case.second_rows))
+        grid, block, shared = -(-n // case.warps), 32 * case.warps, 4 * k
+        grid2 = -(-n // (case.warps * case.second_rows))
         if form == "fused":
             ops += [
                 ks[0][grid, block, shared](b.q.mut(), hidden, w.norm_w, w.wq, cfg.eps, n, k),
