@@ -10,7 +10,10 @@ with CudaGraph.scope(stream) as s:
 s.graph.launch()
 """
 
-from . import _interop  # noqa: F401  (registers Tensor.from_dlpack's wrapper)
+from . import (
+    _interop,  # noqa: F401  (registers Tensor.from_dlpack's wrapper)
+    library,
+)
 from ._bootstrap import DistributedError
 from ._cache import GraphCache, bucket
 from ._capture import Captured, CaptureError, Region  # also registers s.capture
@@ -54,6 +57,7 @@ from ._errors import (
     BoundsError,
     CompileError,
     CudaError,
+    ExportError,
     FrozenExportError,
     HostReferenceError,
     LaunchResourceError,
@@ -92,6 +96,7 @@ __all__ = [
     "DType",
     "Device",
     "DistributedError",
+    "ExportError",
     "FrozenExportError",
     "GraphCache",
     "GraphNode",
@@ -148,6 +153,7 @@ __all__ = [
     "int32",
     "int64",
     "kernel",
+    "library",
     "memcpy",
     "memset",
     "mut",

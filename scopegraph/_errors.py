@@ -86,6 +86,12 @@ class SignatureError(ScopeGraphError):
     """Arguments do not match an op's declaration (count, kind, dtype, rank, device, size)."""
 
 
+class ExportError(SignatureError, BufferError):
+    """A DLPack export the tensor cannot make as asked (to another device than its own, or with an
+    argument DLPack does not define). A ``BufferError`` too, which is what DLPack consumers expect
+    of a producer that cannot export."""
+
+
 class NoHostReferenceError(SignatureError):
     """A kernel without a ``@k.host`` reference was run or recorded on the host backend."""
 

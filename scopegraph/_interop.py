@@ -24,7 +24,7 @@ import numpy as np
 from . import _tensor
 from ._borrow import Borrow
 from ._device import device
-from ._dtypes import as_dtype
+from ._dtypes import DType, as_dtype
 from ._errors import ScopeGraphError, SignatureError, diagnostic
 from ._lifetime import note_eager_use, queued_on
 from ._stream import Stream
@@ -117,9 +117,11 @@ def _wrap_host(obj: Any, name: str | None) -> Tensor:
     if not arr.flags.c_contiguous:
         raise _not_contiguous(name)
     dev = device("host")
+    dtype = as_dtype(arr.dtype)
+    _check_aligned(int(arr.ctypes.data), dtype, arr.nbytes, name)
     storage = arr.reshape(-1).view(np.uint8)
     alloc = dev.adopt(storage, int(arr.ctypes.data), arr.nbytes, name, borrowed=True)
-    tensor = Tensor(alloc, 0, arr.shape, as_dtype(arr.dtype))
+    tensor = Tensor(alloc, 0, arr.shape, dtype)
     return tensor if arr.flags.writeable else tensor.freeze()  # read-only memory is frozen memory
 
 
@@ -164,6 +166,7 @@ def _wrap_device(obj: Any, name: str | None, stream: Stream | None) -> Tensor:
         raise _pinned(obj)
     dev = device(f"cuda:{view.device_id}")
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    _check_aligned(int(view.ptr), dtype, nbytes, name)
     buf = Buffer.from_handle(view.ptr, max(nbytes, 1), owner=obj)
     alloc = dev.adopt(buf, int(view.ptr), nbytes, name, borrowed=True)
     tensor = Tensor(alloc, 0, shape, dtype)
@@ -204,6 +207,22 @@ def _pinned(obj: object) -> SignatureError:
             help="copy it to the GPU first (torch's .cuda(), or dev.from_numpy(np.asarray(obj)))",
         )
     )
+
+
+def _check_aligned(address: int, dtype: DType, nbytes: int, name: str | None) -> None:
+    """Memory a kernel reads as ``dtype`` starts at a multiple of its size: on a GPU a misaligned
+    load or store is a fault that ends the CUDA context (a foreign array sliced at a byte offset,
+    say); refused on every backend, as what runs on the host runs on a GPU."""
+    if nbytes and address % dtype.itemsize:
+        raise SignatureError(
+            diagnostic(
+                f"cannot wrap `{name or 'the tensor'}`: its memory starts at {address:#x}, not a multiple of "
+                f"{dtype.itemsize} bytes, the size of its elements ({dtype.name})",
+                ["a GPU cannot load or store misaligned elements: the kernel would fault"],
+                help="wrap an aligned copy (numpy's .copy(), torch's .clone(), CuPy's .copy()), "
+                "or view the bytes with a dtype of 1-byte elements",
+            )
+        )
 
 
 def _not_contiguous(name: str | None) -> SignatureError:

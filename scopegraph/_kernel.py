@@ -19,7 +19,18 @@ import re
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any, Generic, ParamSpec, TypeVar, get_args, get_origin, get_type_hints
+from typing import (
+    TYPE_CHECKING,
+    Annotated,
+    Any,
+    Generic,
+    NamedTuple,
+    ParamSpec,
+    TypeVar,
+    get_args,
+    get_origin,
+    get_type_hints,
+)
 
 import numpy as np
 
@@ -86,6 +97,14 @@ def _parse_param(name: str, annotation: object, kernel_name: str) -> KernelParam
     if get_origin(annotation) is Annotated:
         args = get_args(annotation)
         specs = [m for m in args[1:] if isinstance(m, TensorSpec)]
+        if len(specs) > 1:  # one would be silently dropped
+            raise SignatureError(
+                diagnostic(
+                    f"kernel `{kernel_name}` parameter `{name}` has {len(specs)} TensorSpecs: "
+                    f"{', '.join(map(repr, specs))}",
+                    help="give one TensorSpec with every constraint, e.g. sg.TensorSpec(sg.f32, rank=2)",
+                )
+            )
         if specs:
             spec = specs[0]
             annotation = args[0]
@@ -334,12 +353,29 @@ def _c_type_bytes(name: str, aliases: dict[str, int]) -> int | None:
     return None
 
 
-def declared_pointee_bytes(source: str, cpp_name: str) -> tuple[int | str | None, ...]:
-    """Per parameter of the non-template ``__global__`` declaration of ``cpp_name`` that ``source``
-    spells out (a forward declaration and the definition must agree): the bytes of what a pointer
-    parameter points to; the spelling of a pointee type that cannot be sized (a struct, a typedef
-    of one, a macro); None for anything else (a scalar, ``void*``). Empty when there is no such
-    declaration, or several that differ."""
+class CParam(NamedTuple):
+    """One parameter of a kernel's C++ declaration, as the source spells it: a pointer (``type`` is
+    what it points to, ``const`` whether that is const) or a value (``type`` is its type)."""
+
+    pointer: bool
+    const: bool
+    type: str
+
+
+class CDeclaration(NamedTuple):
+    """A kernel's C++ declaration as its source spells it: its parameters, their names (empty
+    where no declaration names them all), and the sizes of the source's typedefs and ``using``
+    aliases of sized types."""
+
+    params: tuple[CParam, ...]
+    names: tuple[str, ...]
+    aliases: dict[str, int]
+
+
+def declared_parameters(source: str, cpp_name: str) -> CDeclaration | None:
+    """The non-template ``__global__`` declaration of ``cpp_name`` that ``source`` spells out (a
+    forward declaration and the definition must agree but for the names); None when there is no
+    such declaration, or several that differ."""
     code = code_only(source)
     aliases: dict[str, int] = {}
     for alias in _ALIASES.finditer(code):  # in source order: an alias of an earlier alias too
@@ -347,23 +383,148 @@ def declared_pointee_bytes(source: str, cpp_name: str) -> tuple[int | str | None
         size = _c_type_bytes(" ".join(_QUALIFIERS.sub(" ", target).split()), aliases)
         if size:
             aliases[name] = size
-    found = set()
+    found: set[tuple[CParam, ...]] = set()
+    names: tuple[str, ...] = ()
     for call in re.finditer(rf"\b{re.escape(cpp_name)}\s*\(", code):
         start = max(code.rfind(mark, 0, call.start()) for mark in ";{}")
         head = code[start + 1 : call.start()]
         end = code.find(")", call.end())
         if _GLOBAL.search(head) and not _TEMPLATE.search(head) and end != -1 and "(" not in code[call.end() : end]:
-            found.add(tuple(_pointee_bytes(item, aliases) for item in _top_level_items(code[call.end() : end])))
-    return found.pop() if len(found) == 1 else ()
+            items = _top_level_items(code[call.end() : end])
+            if [" ".join(item.split()) for item in items] == ["void"]:
+                items = []  # `k(void)`: no parameters
+            found.add(tuple(_c_param(item, aliases) for item in items))
+            named = tuple(_c_param_name(item, aliases) for item in items)
+            names = names or (named if all(named) else ())
+    return CDeclaration(found.pop(), names, aliases) if len(found) == 1 else None
 
 
-def _pointee_bytes(parameter: str, aliases: dict[str, int]) -> int | str | None:
-    declared = " ".join(_QUALIFIERS.sub(" ", parameter).split())
-    pointer = re.fullmatch(r"(.+?)\s*\*\s*\w*", declared)
-    if not pointer or "*" in pointer.group(1):
+def _c_param(parameter: str, aliases: dict[str, int]) -> CParam:
+    words = parameter.replace("*", " * ").replace("[", " [ ").split()
+    if "[" in words:  # `float x[]`: a pointer to float
+        words = [*_without_name(words[: words.index("[")], aliases), "*"]
+    if "*" in words:
+        pointee = words[: len(words) - words[::-1].index("*") - 1]
+        bare = " ".join(_QUALIFIERS.sub(" ", " ".join(pointee)).split())
+        return CParam(True, "*" not in pointee and "const" in pointee, bare)
+    return CParam(False, False, " ".join(_without_name(_QUALIFIERS.sub(" ", " ".join(words)).split(), aliases)))
+
+
+def _c_param_name(parameter: str, aliases: dict[str, int]) -> str:
+    words = _QUALIFIERS.sub(" ", parameter.split("[")[0]).replace("*", " * ").split()
+    if "*" in words:
+        after = words[len(words) - words[::-1].index("*") :]
+        return after[-1] if after else ""
+    return words[-1] if len(words) > 1 and not _is_type_word(words[-1], aliases) else ""
+
+
+def _without_name(words: list[str], aliases: dict[str, int]) -> list[str]:
+    """A declaration's words less the parameter's name (a forward declaration may leave it out)."""
+    return words[:-1] if len(words) > 1 and not _is_type_word(words[-1], aliases) else words
+
+
+def _is_type_word(word: str, aliases: dict[str, int]) -> bool:
+    return word in _INTEGER_WORDS or word in _C_SIZES or word in aliases or _VECTOR.fullmatch(word) is not None
+
+
+_FLOAT_TYPES = frozenset(("float", "double", "__half", "half", "__nv_bfloat16"))
+
+
+def declared_pointee_bytes(source: str, cpp_name: str) -> tuple[int | str | None, ...]:
+    """Per parameter of the declaration that ``declared_parameters`` reads: the bytes of what a
+    pointer parameter points to; the spelling of a pointee type that cannot be sized (a struct, a
+    typedef of one, a macro); None for anything else (a value, ``void*``, a pointer to pointers).
+    Empty when the source spells no single such declaration."""
+    declared = declared_parameters(source, cpp_name)
+    if declared is None:
+        return ()
+    return tuple(_pointee_bytes(p, declared.aliases) for p in declared.params)
+
+
+def _pointee_bytes(param: CParam, aliases: dict[str, int]) -> int | str | None:
+    if not param.pointer or "*" in param.type or param.type == "void":
         return None
-    pointee = pointer.group(1)
-    return None if pointee == "void" else _c_type_bytes(pointee, aliases) or pointee
+    return _c_type_bytes(param.type, aliases) or param.type
+
+
+def check_c_parameters(kernel: Kernel[Any]) -> None:
+    """The Python declaration against the C++ one, where the source spells it out (a template's,
+    or one behind a macro, is the compiler's business): as many parameters, a pointer for each
+    tensor and a value for each scalar, no ``Mut`` on a const pointer (the kernel cannot write it:
+    most likely two parameters are swapped), and each scalar of the C type's size and kind. On a GPU
+    a mismatch would pass a wrong parameter buffer; on the host backend it would run regardless."""
+    declared = None if kernel.template_args else declared_parameters(kernel.source, kernel.cpp_name)
+    if declared is None:
+        return
+    c_params, aliases = declared.params, declared.aliases
+    params = kernel.params
+    named = declared.names or ("",) * len(c_params)
+    spelled = (
+        f"__global__ void {kernel.cpp_name}({', '.join(_spelling(c, n) for c, n in zip(c_params, named, strict=True))})"
+    )
+    python = f"def {kernel.__name__}({', '.join(p.describe() for p in params)})"
+    if len(c_params) != len(params):
+        raise SignatureError(
+            diagnostic(
+                f"kernel `{kernel.cpp_name}` is declared with {len(params)} parameter"
+                f"{'' if len(params) == 1 else 's'} in Python and {len(c_params)} in its C++ source",
+                [f"Python: {python}", f"C++:    {spelled}"],
+                help="declare one Python parameter for each C++ parameter, in the same order",
+            )
+        )
+    python_names = tuple(p.name for p in params)
+    if declared.names and python_names != declared.names and sorted(python_names) == sorted(declared.names):
+        raise SignatureError(
+            diagnostic(
+                f"kernel `{kernel.cpp_name}` names its parameters in another order in Python than in C++",
+                [f"Python: {python}", f"C++:    {spelled}"],
+                help="declare the Python parameters in the C++ order: arguments reach the kernel by position",
+            )
+        )
+    for i, (p, c) in enumerate(zip(params, c_params, strict=True)):
+        problem = None
+        if p.kind != "scalar" and not c.pointer:
+            problem = f"is a {'Mut[Tensor]' if p.kind == 'mut' else 'Tensor'}, and the C++ parameter is `{c.type}`"
+            fix = f"declare `{p.name}` as the scalar the kernel takes, or make the C++ parameter a pointer"
+        elif p.kind == "scalar" and c.pointer:
+            problem = f"is a scalar ({p.describe()}), and the C++ parameter is a pointer (`{_spelling(c)}`)"
+            fix = f"declare `{p.name}` as a Tensor (Mut[Tensor] if the kernel writes it), or make it a value in C++"
+        elif p.kind == "mut" and c.const:
+            problem = f"is a Mut[Tensor], and the C++ parameter points to const data (`{_spelling(c)}`)"
+            fix = (
+                f"if the kernel reads `{p.name}`, declare it `Tensor`; if it writes it, drop the const "
+                "(or check the order: are two parameters swapped?)"
+            )
+        elif p.kind == "scalar":
+            assert p.dtype is not None
+            size = _c_type_bytes(c.type, aliases)
+            c_kind = "f" if c.type in _FLOAT_TYPES else "b" if c.type == "bool" else "i" if size else None
+            kind = {"u": "i"}.get(p.dtype.numpy.kind, p.dtype.numpy.kind)
+            if (size and size != p.dtype.itemsize) or (c_kind and c_kind != kind):
+                problem = f"is {p.dtype.spelling} ({p.dtype.itemsize} bytes), and the C++ parameter is `{c.type}`"
+                fix = f"declare `{p.name}` with the dtype of `{c.type}` (e.g. {_closest_dtype(c.type, size)})"
+        if problem is not None:
+            raise SignatureError(
+                diagnostic(
+                    f"kernel `{kernel.cpp_name}`: parameter {i + 1}, `{p.name}`, {problem}",
+                    [f"Python: {python}", f"C++:    {spelled}"],
+                    help=fix,
+                )
+            )
+
+
+def _spelling(c: CParam, name: str = "") -> str:
+    spelled = f"{'const ' if c.const else ''}{c.type}*" if c.pointer else c.type
+    return f"{spelled} {name}" if name else spelled
+
+
+def _closest_dtype(c_type: str, size: int | None) -> str:
+    if c_type in _FLOAT_TYPES:
+        return f"sg.{ {2: 'f16', 8: 'f64'}.get(size or 4, 'f32') }"
+    if c_type == "bool":
+        return "bool"
+    unsigned = "unsigned" in c_type.split() or c_type.startswith("uint") or c_type == "size_t"
+    return f"sg.{'u' if unsigned else 'i'}{8 * (size or 4)}"
 
 
 def _check_pdl(pdl: bool, early: tuple[str, ...], params: tuple[KernelParam, ...], kernel_name: str) -> frozenset[str]:
@@ -635,7 +796,7 @@ class Kernel(Generic[P]):
         block = _dim3(launch[1], "block", self.cpp_name)
         if self.launch_check is not None:
             problem = _launch_problem(self, grid, block)
-            if problem:
+            if problem is not None:
                 raise SignatureError(
                     diagnostic(
                         f"`{self.name_expression}` cannot run as [{grid}, {block}]: {problem}",
@@ -653,11 +814,20 @@ class Kernel(Generic[P]):
         return launcher
 
 
-def _launch_problem(kernel: Kernel[Any], grid: tuple[int, int, int], block: tuple[int, int, int]) -> object:
+def _launch_problem(kernel: Kernel[Any], grid: tuple[int, int, int], block: tuple[int, int, int]) -> str | None:
     """What the declaration's ``launch_check`` says of this launch shape (None: it runs)."""
     assert kernel.launch_check is not None
     try:
-        return kernel.launch_check(grid, block, kernel.template_args)
+        problem = kernel.launch_check(grid, block, kernel.template_args)
+        if problem is None or (type(problem) is str and problem):
+            return problem
+        raise SignatureError(
+            diagnostic(
+                f"the launch_check of `{kernel.name_expression}` returned {problem!r} for [{grid}, {block}]",
+                ["launch_check(grid, block, template_args) says why a shape cannot run (a str), or None"],
+                help="return None for a shape the kernel runs, or the reason it cannot (a non-empty str)",
+            )
+        )
     except ScopeGraphError:
         raise
     except Exception as exc:
@@ -1367,6 +1537,7 @@ class KernelLaunch(GraphNode):
         if binder is None:  # the kernel's first launch
             if kernel.options:  # refused where a GPU's compile would refuse them, on every backend
                 check_options(kernel)
+            check_c_parameters(kernel)
             binder = kernel._binder = _make_binder(kernel)
         # Sets args (tensors for borrows, numpy scalars of the declared C type or sg.Params for
         # the rest), params, borrows and device, with every check (see _make_binder).

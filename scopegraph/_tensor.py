@@ -19,6 +19,7 @@ from ._allocation import EXPORTS
 from ._errors import (
     BorrowError,
     BoundsError,
+    ExportError,
     FrozenExportError,
     LifetimeError,
     ScopeStateError,
@@ -402,6 +403,21 @@ class Tensor:
                 f"__dlpack__(stream={stream!r}) of `{self.name}`: the consumer's stream is None or a stream "
                 "handle (an int: -1, 1, 2 or a cudaStream_t)\n"
                 "help: import through the consumer (torch.from_dlpack(t), cupy.from_dlpack(t)), which passes it"
+            )
+        unknown = sorted(set(kwargs) - {"copy", "max_version", "dl_device"})
+        dl_device = kwargs.get("dl_device")
+        if unknown or not (dl_device is None or (type(dl_device) is tuple and dl_device == self.__dlpack_device__())):
+            asked = f"{unknown[0]}=" if unknown else f"dl_device={dl_device!r}"
+            raise ExportError(
+                f"__dlpack__({asked}...) of `{self.name}`: "
+                + (
+                    "DLPack's export takes stream, copy, max_version and dl_device only"
+                    if unknown
+                    else f"the tensor lives on {self.device} (DLPack device {self.__dlpack_device__()}), and "
+                    "scopegraph exports it only there"
+                )
+                + "\nhelp: import through the consumer (torch.from_dlpack(t), numpy.from_dlpack(t)); to move the "
+                "data, copy it first (t.numpy() for the host)"
             )
         copy, max_version = kwargs.get("copy"), kwargs.get("max_version")
         if not (copy is None or isinstance(copy, (bool, np.bool_))) or not (

@@ -823,3 +823,25 @@ def test_a_function_whose_name_no_cpp_function_can_have_needs_name() -> None:
         ):
             sg.kernel(_NAMED_SRC)(fn)
     assert sg.kernel(_NAMED_SRC, name="k2")(new).cpp_name == "k2"
+
+
+def test_misaligned_foreign_memory_is_refused_on_the_host() -> None:
+    """A float32 view of bytes at an odd address wrapped without complaint; on a GPU a kernel's
+    misaligned load is a fault that ends the CUDA context, so every backend refuses it."""
+    raw = np.zeros(17, np.uint8)
+    with pytest.raises(sg.SignatureError, match=r"not a multiple of 4 bytes, the size of its elements \(f32\)"):
+        sg.Tensor.from_dlpack(raw[1:17].view(np.float32), name="v")
+    assert sg.Tensor.from_dlpack(raw[1:17], name="bytes").shape == (16,)  # 1-byte elements are never misaligned
+    aligned = sg.Tensor.from_dlpack(raw[1:17].view(np.float32).copy(), name="copy")
+    assert aligned.shape == (4,)
+    assert_stream_usable(sg.device("host").stream())
+
+
+@pytest.mark.sg_cuda
+def test_misaligned_gpu_memory_is_refused_before_a_kernel_faults() -> None:
+    cp = pytest.importorskip("cupy")
+    raw = cp.zeros(17, cp.uint8)
+    misaligned = raw[1:17].view(cp.float32)
+    with pytest.raises(sg.SignatureError, match="not a multiple of 4 bytes"):
+        sg.Tensor.from_dlpack(misaligned, name="v")
+    assert_stream_usable(sg.device("cuda").stream())

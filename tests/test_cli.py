@@ -222,6 +222,17 @@ def test_bench_record_rows_on_the_host(tmp_path: Path, capsys: pytest.CaptureFix
     assert table in out
 
 
+def test_bench_plots_the_speedup_against_the_number_of_layers(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("matplotlib")  # the plots are optional: without matplotlib the bench skips them
+    code, _, _ = run_main(["bench", "--quick", "--only", "model", "--device", "host", "--out", str(tmp_path)], capsys)
+    assert code == 0
+    layers = [row["n_layers"] for row in json.loads((tmp_path / "bench.json").read_text())["model"]["rows"]]
+    assert len(layers) > 1
+    assert (tmp_path / "model_speedup.png").stat().st_size > 0
+
+
 def test_every_bench_suite_can_be_chosen_with_only() -> None:
     assert tuple(RUNNABLE_SUITES) == SUITES
 

@@ -413,3 +413,22 @@ def test_an_export_racing_a_free_or_a_freeze_is_refused(
     with pytest.raises(error, match=message):
         numpy_import(x)
     assert x.allocation.exports == 0 and x.allocation.writable_exports == []
+
+
+@pytest.mark.parametrize(
+    ("asked", "message"),
+    [
+        ({"dl_device": (2, 0)}, r"lives on host \(DLPack device \(1, 0\)\), and scopegraph exports it only there"),
+        ({"dl_device": "cpu"}, "exports it only there"),
+        ({"bogus": 1}, "takes stream, copy, max_version and dl_device only"),
+    ],
+)
+def test_an_export_the_tensor_cannot_make_is_a_buffer_error_with_help(asked: dict[str, Any], message: str) -> None:
+    """numpy's own BufferError (or TypeError) escaped for another device or an unknown argument;
+    now an ExportError, which DLPack consumers still see as the BufferError they expect."""
+    t = sg.device("host").zeros((4,), name="t")
+    with pytest.raises(sg.ExportError, match=message) as caught:
+        t.__dlpack__(**asked)
+    assert isinstance(caught.value, BufferError) and "help:" in str(caught.value)
+    assert np.from_dlpack(cast(Any, t)).shape == (4,)  # its own device: exported
+    assert t.__dlpack__(dl_device=(1, 0)) is not None

@@ -205,3 +205,12 @@ def test_rms_norm_of_no_elements_is_no_work(sg_device: sg.Device, sg_stream: sg.
     if shape[-1]:  # weights too few for a row: refused with no rows too, as with rows
         with pytest.raises(sg.SignatureError, match="help:"):
             library.rms_norm_op(out.mut(), x, sg_device.zeros((shape[-1] - 1,), name="short"), 1e-6)
+
+
+def test_the_library_is_an_attribute_of_the_package() -> None:
+    """DESIGN section 3: `scopegraph.library` ships the kernels, and `import scopegraph as sg` is
+    the documented import, so `sg.library.axpy` works without a second import."""
+    import scopegraph
+
+    assert scopegraph.library is library and "library" in scopegraph.__all__
+    assert scopegraph.library.axpy is library.axpy

@@ -400,6 +400,27 @@ def test_launch_shapes_a_kernel_does_not_expect_are_refused_when_the_op_is_built
         one[2, 32](y.mut())
     with pytest.raises(SignatureError, match="launch_check=3"):
         sg.kernel("", launch_check=3)  # type: ignore[arg-type]
+    for answer in ("", False, 0):  # neither None nor a reason: refused, not taken for "it runs"
+
+        def answering(grid: Any, block: Any, template_args: tuple[str, ...], given: Any = answer) -> Any:
+            return given
+
+        @sg.kernel('extern "C" __global__ void vague(float* out) {}', launch_check=answering)
+        def vague(out: Mut[Tensor]) -> None: ...
+
+        with pytest.raises(SignatureError, match=rf"launch_check of `vague` returned {answer!r}") as info:
+            vague[1, 32](y.mut())
+        assert "help: return None for a shape the kernel runs" in str(info.value)
+
+
+def test_a_parameter_with_two_tensor_specs_is_refused() -> None:
+    """The second TensorSpec (here i32, rank 2) was silently dropped."""
+    with pytest.raises(SignatureError, match="parameter `x` has 2 TensorSpecs") as info:
+
+        @sg.kernel('extern "C" __global__ void k(float* out, const float* x) {}')
+        def k(out: Mut[Tensor], x: Annotated[Tensor, sg.TensorSpec(sg.f32), sg.TensorSpec(sg.i32, rank=2)]) -> None: ...
+
+    assert "help: give one TensorSpec with every constraint" in str(info.value)
 
 
 def test_a_scalar_annotated_with_a_dtype_object_names_its_alias() -> None:
@@ -537,3 +558,101 @@ def test_touches_refuses_a_pointee_it_cannot_size_unless_the_parameter_has_a_dty
     pairs_of_f32[1, 1](out.mut(), 16)  # counted in f32s, as declared
     with pytest.raises(SignatureError, match="would touch 17 elements"):
         pairs_of_f32[1, 1](out.mut(), 17)
+
+
+AXPY_C = r"""
+extern "C" __global__ void axpy_c(float* out, const float* x, float a, int n);
+extern "C" __global__ void axpy_c(float* out, const float* __restrict__ x, float a, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] += a * x[i];
+}
+extern "C" __global__ void arrays(float out[], const float x[], unsigned n) {}
+extern "C" __global__ void nothing(void) {}
+#define DECLARE(name) extern "C" __global__ void name(float* out)
+DECLARE(hidden) {}
+"""
+
+
+def _axpy_c(declare: Any) -> Any:
+    """``declare`` (a function) as the kernel axpy_c of AXPY_C, with a host reference."""
+    k = sg.kernel(AXPY_C, name="axpy_c")(declare)
+    k.host(lambda *args: None)
+    return k
+
+
+def _two(out: Mut[Tensor], x: Tensor) -> None: ...
+def _swapped(x: Mut[Tensor], out: Tensor, a: sg.f32, n: sg.i32) -> None: ...
+def _const_written(out: Tensor, y: Mut[Tensor], a: sg.f32, n: sg.i32) -> None: ...
+def _tensor_for_int(out: Mut[Tensor], x: Tensor, a: sg.f32, n: Tensor) -> None: ...
+def _scalar_for_pointer(out: Mut[Tensor], x: sg.f32, a: sg.f32, n: sg.i32) -> None: ...
+def _wide_int(out: Mut[Tensor], x: Tensor, a: sg.f32, n: sg.i64) -> None: ...
+def _float_for_int(out: Mut[Tensor], x: Tensor, a: sg.f32, n: sg.f32) -> None: ...
+def _int_for_float(out: Mut[Tensor], x: Tensor, a: sg.i32, n: sg.i32) -> None: ...
+
+
+@pytest.mark.parametrize(
+    ("declare", "args", "message"),
+    [
+        (_two, 2, r"`axpy_c` is declared with 2 parameters in Python and 4 in its C\+\+ source"),
+        (_swapped, 4, r"names its parameters in another order in Python than in C\+\+"),
+        (_const_written, 4, r"parameter 2, `y`, is a Mut\[Tensor\], and the C\+\+ parameter points to const data"),
+        (_tensor_for_int, 4, r"parameter 4, `n`, is a Tensor, and the C\+\+ parameter is `int`"),
+        (_scalar_for_pointer, 4, r"parameter 2, `x`, is a scalar \(x: sg.f32\), and the C\+\+ parameter is a pointer"),
+        (_wide_int, 4, r"parameter 4, `n`, is sg.i64 \(8 bytes\), and the C\+\+ parameter is `int`"),
+        (_float_for_int, 4, r"parameter 4, `n`, is sg.f32 \(4 bytes\), and the C\+\+ parameter is `int`"),
+        (_int_for_float, 4, r"parameter 3, `a`, is sg.i32 \(4 bytes\), and the C\+\+ parameter is `float`"),
+    ],
+)
+def test_a_python_declaration_that_disagrees_with_the_cpp_one_is_refused_on_every_backend(
+    sg_device: sg.Device, sg_stream: sg.Stream, declare: Any, args: int, message: str
+) -> None:
+    """On a GPU such a launch would pass a wrong parameter buffer (a swapped pair also turns the
+    tracker's borrows around); the host backend would run it regardless. Refused when the op is
+    built, on every backend, and the stream stays usable."""
+    k = _axpy_c(declare)
+    out, x = sg_device.zeros((8,), name="out"), sg_device.zeros((8,), name="x")
+    given: list[Any] = [out.mut(), x, 1.0, 8][:args]
+    if declare in (_swapped, _const_written):
+        given = [x.mut(), out, 1.0, 8] if declare is _swapped else [out, x.mut(), 1.0, 8]
+    if declare is _tensor_for_int:
+        given[3] = sg_device.zeros((1,), name="n")
+    if declare is _scalar_for_pointer:
+        given[1] = 1.0
+    if declare is _int_for_float:
+        given[2] = 1
+    with pytest.raises(SignatureError, match=message) as caught:
+        k[1, 8](*given)
+    assert "help:" in str(
+        caught.value
+    ) and "C++:    __global__ void axpy_c(float* out, const float* x, float a, int n)" in str(caught.value)
+    sg_stream.run(library.fill_op(out.mut(), 2.0))
+    assert out.numpy().tolist() == [2.0] * 8
+
+
+def test_declarations_that_agree_with_the_cpp_one_build() -> None:
+    """A forward declaration without names, array parameters, an unsigned C++ int for sg.i32 and
+    `(void)` agree; a declaration behind a macro is the compiler's business (not read)."""
+    dev = sg.device("host")
+    out, x = dev.zeros((8,), name="out"), dev.zeros((8,), name="x")
+
+    @sg.kernel(AXPY_C, name="axpy_c")
+    def axpy_declared(out: Mut[Tensor], x: Tensor, a: sg.f32, n: sg.i32) -> None: ...
+
+    @sg.kernel(AXPY_C)
+    def arrays(out: Mut[Tensor], x: Tensor, n: sg.i32) -> None: ...
+
+    @sg.kernel(AXPY_C)
+    def nothing() -> None: ...
+
+    @sg.kernel(AXPY_C)
+    def hidden(out: Mut[Tensor], x: Tensor) -> None: ...  # two parameters where the macro has one
+
+    for built in (
+        axpy_declared[1, 8](out.mut(), x, 1.0, 8),
+        arrays[1, 8](out.mut(), x, 8),
+        nothing[1, 1](),
+        hidden[1, 1](out.mut(), x),
+    ):
+        assert isinstance(built, sg.KernelLaunch)
+    # A kernel may leave a pointer it only reads without const: declared Tensor, it builds.
+    assert isinstance(library.matvec[1, 32](out.mut(), x, dev.zeros((8, 8), name="w"), 8, 8), sg.KernelLaunch)

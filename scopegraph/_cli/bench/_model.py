@@ -249,6 +249,37 @@ def format_rows(m: dict[str, Any]) -> list[str]:
 
 
 def plot(m: dict[str, Any], out_dir: Any, plt: Any) -> None:
+    """The suite's two pictures: where scopegraph stands at 22 layers, and its speedups against
+    the number of layers."""
+    _plot_standing(m, out_dir, plt)
+    _plot_speedup(m, out_dir, plt)
+
+
+def _plot_speedup(m: dict[str, Any], out_dir: Any, plt: Any) -> None:
+    """``model_speedup.png``: at the seed's width, scopegraph's graph against its own eager run and
+    against PyTorch's CUDA graph (where measured), for each number of layers."""
+    rows = [row for row in m["rows"] if row["d"] == m["d"]]
+    if not rows:
+        return
+    layers = [row["n_layers"] for row in rows]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(layers, [row["graph_over_eager"] for row in rows], marker="o", label="scopegraph graph / its eager run")
+    for key, label in (
+        ("sg_graph_tok_s", f"scopegraph graph ({FORMS[FAST][0]}k/layer) / PyTorch CUDA graph"),
+        ("sg_graph_equal_tok_s", f"scopegraph graph ({FORMS[EQUAL][0]}k/layer) / PyTorch CUDA graph"),
+    ):
+        if all("torch_graph_tok_s" in row for row in rows):
+            ax.plot(layers, [row[key] / row["torch_graph_tok_s"] for row in rows], marker="s", label=label)
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set(xscale="log", xlabel="layers", ylabel="speedup (tokens/s ratio)", title=f"seed model, d={m['d']}")
+    ax.set_xticks(layers, [str(n) for n in layers])
+    ax.minorticks_off()
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out_dir / "model_speedup.png", dpi=120)
+
+
+def _plot_standing(m: dict[str, Any], out_dir: Any, plt: Any) -> None:
     """``where_scopegraph_stands.png``: tokens per second of the 22-layer model at each width, every
     side of the comparison, with the read-only ceiling as a line."""
     rows = [row for row in m["rows"] if row["n_layers"] == max(LAYERS)]
