@@ -335,6 +335,11 @@ def may_wait(source: str, options: tuple[tuple[str, object], ...]) -> bool:
 _A_WAIT = re.compile(r"cudaGridDependencySynchronize|griddepcontrol(?!\.launch_dependents)")
 
 
+def without_comments(source: str) -> str:
+    """``source`` without comments, string and character literals; preprocessor lines kept."""
+    return _NOT_CODE.sub(" ", source)
+
+
 @functools.lru_cache(maxsize=16)
 def code_only(source: str) -> str:
     """``source`` without comments, string and character literals, and preprocessor lines."""

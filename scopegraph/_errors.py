@@ -87,9 +87,14 @@ class SignatureError(ScopeGraphError):
 
 
 class ExportError(SignatureError, BufferError):
-    """A DLPack export the tensor cannot make as asked (to another device than its own, or with an
-    argument DLPack does not define). A ``BufferError`` too, which is what DLPack consumers expect
-    of a producer that cannot export."""
+    """A DLPack export the tensor cannot make as asked: to another device than its own. A
+    ``BufferError`` too, which is what DLPack consumers expect of a producer that cannot export."""
+
+
+class ExportArgumentError(ExportError, TypeError):
+    """``__dlpack__`` was given an argument DLPack does not define. A ``TypeError`` too, as Python
+    raises for an unknown keyword: consumers take it to mean an older producer, and ask again
+    without the argument."""
 
 
 class NoHostReferenceError(SignatureError):

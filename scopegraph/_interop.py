@@ -216,8 +216,8 @@ def _check_aligned(address: int, dtype: DType, nbytes: int, name: str | None) ->
     if nbytes and address % dtype.itemsize:
         raise SignatureError(
             diagnostic(
-                f"cannot wrap `{name or 'the tensor'}`: its memory starts at {address:#x}, not a multiple of "
-                f"{dtype.itemsize} bytes, the size of its elements ({dtype.name})",
+                f"cannot wrap {f'`{name}`' if name else 'the array'}: its memory starts at {address:#x}, "
+                f"not a multiple of {dtype.itemsize} bytes, the size of its elements ({dtype.name})",
                 ["a GPU cannot load or store misaligned elements: the kernel would fault"],
                 help="wrap an aligned copy (numpy's .copy(), torch's .clone(), CuPy's .copy()), "
                 "or view the bytes with a dtype of 1-byte elements",

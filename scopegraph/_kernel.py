@@ -35,7 +35,7 @@ from typing import (
 import numpy as np
 
 from ._borrow import Borrow
-from ._compile import check_options, code_only, may_wait
+from ._compile import check_options, code_only, may_wait, without_comments
 from ._dtypes import DType, as_dtype, dtype_of_annotation
 from ._errors import ScopeGraphError, SignatureError, diagnostic
 from ._ops import GraphNode, borrowed_tensor
@@ -364,26 +364,44 @@ class CParam(NamedTuple):
 
 class CDeclaration(NamedTuple):
     """A kernel's C++ declaration as its source spells it: its parameters, their names (empty
-    where no declaration names them all), and the sizes of the source's typedefs and ``using``
-    aliases of sized types."""
+    where no declaration names them all), and the sizes and kinds ("f": a floating-point type,
+    "i": an integer) of the source's typedefs and ``using`` aliases of sized types."""
 
     params: tuple[CParam, ...]
     names: tuple[str, ...]
     aliases: dict[str, int]
+    alias_kinds: dict[str, str]
+
+    def kind(self, c_type: str) -> str | None:
+        """ "f", "bf16", "b", "i" for a value of ``c_type``, or None for a type of no known size."""
+        if c_type in ("__nv_bfloat16", "nv_bfloat16"):
+            return "bf16"
+        if c_type in _FLOAT_TYPES:
+            return "f"
+        if c_type == "bool":
+            return "b"
+        if c_type in self.alias_kinds:
+            return self.alias_kinds[c_type]
+        return "i" if _c_type_bytes(c_type, self.aliases) and not _VECTOR.fullmatch(c_type) else None
 
 
 def declared_parameters(source: str, cpp_name: str) -> CDeclaration | None:
     """The non-template ``__global__`` declaration of ``cpp_name`` that ``source`` spells out (a
-    forward declaration and the definition must agree but for the names); None when there is no
-    such declaration, or several that differ."""
+    forward declaration and the definition must agree, but for the names and the spelling of a
+    type: ``unsigned`` and ``unsigned int``); None when there is no such declaration, or several
+    that differ."""
     code = code_only(source)
     aliases: dict[str, int] = {}
+    alias_kinds: dict[str, str] = {}
     for alias in _ALIASES.finditer(code):  # in source order: an alias of an earlier alias too
         target, name = (alias[1], alias[2]) if alias[2] else (alias[4], alias[3])
-        size = _c_type_bytes(" ".join(_QUALIFIERS.sub(" ", target).split()), aliases)
+        bare = " ".join(_QUALIFIERS.sub(" ", target).split())
+        size = _c_type_bytes(bare, aliases)
         if size:
             aliases[name] = size
-    found: set[tuple[CParam, ...]] = set()
+            if bare in _FLOAT_TYPES or alias_kinds.get(bare) == "f":
+                alias_kinds[name] = "f"
+    found: dict[tuple[object, ...], tuple[CParam, ...]] = {}
     names: tuple[str, ...] = ()
     for call in re.finditer(rf"\b{re.escape(cpp_name)}\s*\(", code):
         start = max(code.rfind(mark, 0, call.start()) for mark in ";{}")
@@ -393,10 +411,24 @@ def declared_parameters(source: str, cpp_name: str) -> CDeclaration | None:
             items = _top_level_items(code[call.end() : end])
             if [" ".join(item.split()) for item in items] == ["void"]:
                 items = []  # `k(void)`: no parameters
-            found.add(tuple(_c_param(item, aliases) for item in items))
+            params = tuple(_c_param(item, aliases) for item in items)
+            found.setdefault(tuple(_canonical(p, aliases) for p in params), params)
             named = tuple(_c_param_name(item, aliases) for item in items)
             names = names or (named if all(named) else ())
-    return CDeclaration(found.pop(), names, aliases) if len(found) == 1 else None
+    if len(found) != 1:
+        return None
+    (params,) = found.values()
+    return CDeclaration(params, names, aliases, alias_kinds)
+
+
+def _canonical(param: CParam, aliases: dict[str, int]) -> object:
+    """What two declarations of one kernel must agree on for a parameter: a pointer's constness
+    and pointee (sized where a rule sizes it), a value's size (any spelling; unknown types alike,
+    as an unnamed one cannot be told from its name)."""
+    size = _c_type_bytes(param.type, aliases)
+    if param.pointer:
+        return (True, param.const, size or param.type)
+    return (False, size)
 
 
 def _c_param(parameter: str, aliases: dict[str, int]) -> CParam:
@@ -427,7 +459,7 @@ def _is_type_word(word: str, aliases: dict[str, int]) -> bool:
     return word in _INTEGER_WORDS or word in _C_SIZES or word in aliases or _VECTOR.fullmatch(word) is not None
 
 
-_FLOAT_TYPES = frozenset(("float", "double", "__half", "half", "__nv_bfloat16"))
+_FLOAT_TYPES = frozenset(("float", "double", "__half", "half"))
 
 
 def declared_pointee_bytes(source: str, cpp_name: str) -> tuple[int | str | None, ...]:
@@ -449,14 +481,15 @@ def _pointee_bytes(param: CParam, aliases: dict[str, int]) -> int | str | None:
 
 def check_c_parameters(kernel: Kernel[Any]) -> None:
     """The Python declaration against the C++ one, where the source spells it out (a template's,
-    or one behind a macro, is the compiler's business): as many parameters, a pointer for each
-    tensor and a value for each scalar, no ``Mut`` on a const pointer (the kernel cannot write it:
-    most likely two parameters are swapped), and each scalar of the C type's size and kind. On a GPU
-    a mismatch would pass a wrong parameter buffer; on the host backend it would run regardless."""
+    or one that the preprocessor shapes, is the compiler's business): as many parameters, a pointer
+    for each tensor and a value for each scalar, no ``Mut`` on a const pointer (the kernel cannot
+    write it: most likely two parameters are swapped), and each scalar of the C type's size and
+    kind. On a GPU a mismatch would pass a wrong parameter buffer; on the host backend it would
+    run regardless. A type the rules do not know (a typedef of a pointer, a struct) is not judged."""
     declared = None if kernel.template_args else declared_parameters(kernel.source, kernel.cpp_name)
-    if declared is None:
+    if declared is None or _preprocessed_parameters(kernel.source, kernel.cpp_name):
         return
-    c_params, aliases = declared.params, declared.aliases
+    c_params = declared.params
     params = kernel.params
     named = declared.names or ("",) * len(c_params)
     spelled = (
@@ -482,49 +515,84 @@ def check_c_parameters(kernel: Kernel[Any]) -> None:
             )
         )
     for i, (p, c) in enumerate(zip(params, c_params, strict=True)):
-        problem = None
-        if p.kind != "scalar" and not c.pointer:
-            problem = f"is a {'Mut[Tensor]' if p.kind == 'mut' else 'Tensor'}, and the C++ parameter is `{c.type}`"
-            fix = f"declare `{p.name}` as the scalar the kernel takes, or make the C++ parameter a pointer"
-        elif p.kind == "scalar" and c.pointer:
-            problem = f"is a scalar ({p.describe()}), and the C++ parameter is a pointer (`{_spelling(c)}`)"
-            fix = f"declare `{p.name}` as a Tensor (Mut[Tensor] if the kernel writes it), or make it a value in C++"
-        elif p.kind == "mut" and c.const:
-            problem = f"is a Mut[Tensor], and the C++ parameter points to const data (`{_spelling(c)}`)"
-            fix = (
-                f"if the kernel reads `{p.name}`, declare it `Tensor`; if it writes it, drop the const "
-                "(or check the order: are two parameters swapped?)"
-            )
-        elif p.kind == "scalar":
-            assert p.dtype is not None
-            size = _c_type_bytes(c.type, aliases)
-            c_kind = "f" if c.type in _FLOAT_TYPES else "b" if c.type == "bool" else "i" if size else None
-            kind = {"u": "i"}.get(p.dtype.numpy.kind, p.dtype.numpy.kind)
-            if (size and size != p.dtype.itemsize) or (c_kind and c_kind != kind):
-                problem = f"is {p.dtype.spelling} ({p.dtype.itemsize} bytes), and the C++ parameter is `{c.type}`"
-                fix = f"declare `{p.name}` with the dtype of `{c.type}` (e.g. {_closest_dtype(c.type, size)})"
+        problem = _parameter_problem(p, c, declared)
         if problem is not None:
             raise SignatureError(
                 diagnostic(
-                    f"kernel `{kernel.cpp_name}`: parameter {i + 1}, `{p.name}`, {problem}",
+                    f"kernel `{kernel.cpp_name}`: parameter {i + 1}, `{p.name}`, {problem[0]}",
                     [f"Python: {python}", f"C++:    {spelled}"],
-                    help=fix,
+                    help=problem[1],
                 )
             )
+
+
+def _parameter_problem(p: KernelParam, c: CParam, declared: CDeclaration) -> tuple[str, str] | None:
+    """Why the Python parameter ``p`` cannot take the C++ parameter ``c``, and what to declare
+    instead; None when it can."""
+    size = None if c.pointer else _c_type_bytes(c.type, declared.aliases)
+    if p.kind != "scalar" and size:
+        return (
+            f"is a {'Mut[Tensor]' if p.kind == 'mut' else 'Tensor'}, and the C++ parameter is `{c.type}`",
+            f"declare `{p.name}` as the scalar the kernel takes, or make the C++ parameter a pointer",
+        )
+    if p.kind == "scalar" and c.pointer:
+        return (
+            f"is a scalar ({p.describe()}), and the C++ parameter is a pointer (`{_spelling(c)}`)",
+            f"declare `{p.name}` as a Tensor (Mut[Tensor] if the kernel writes it), or make it a value in C++",
+        )
+    if p.kind == "mut" and c.const:
+        return (
+            f"is a Mut[Tensor], and the C++ parameter points to const data (`{_spelling(c)}`)",
+            f"if the kernel reads `{p.name}`, declare it `Tensor`; if it writes it, drop the const "
+            "(or check the order: are two parameters swapped?)",
+        )
+    if p.kind == "scalar" and size:
+        return _scalar_problem(p, c.type, size, declared.kind(c.type))
+    return None
+
+
+def _scalar_problem(p: KernelParam, c_type: str, size: int, c_kind: str | None) -> tuple[str, str] | None:
+    """Why a scalar declared ``p.dtype`` cannot carry a C++ value of ``c_type`` (``size`` bytes,
+    kind ``c_kind``), and what to declare instead; None when it can. A C++ bool takes a
+    1-byte integer too, and a bfloat16 its bits as an sg.i16 (no dtype is bfloat16)."""
+    assert p.dtype is not None
+    kind = {"u": "i"}.get(p.dtype.numpy.kind, p.dtype.numpy.kind)
+    fits = p.dtype.itemsize == size and (
+        c_kind is None or c_kind == kind or (c_kind == "b" and kind == "i") or (c_kind == "bf16" and kind == "i")
+    )
+    if fits:
+        return None
+    given = f"is {p.dtype.spelling} ({p.dtype.itemsize} byte{'' if p.dtype.itemsize == 1 else 's'})"
+    suggestion = {
+        "f": {2: "sg.f16", 4: "sg.f32", 8: "sg.f64"}.get(size),
+        "bf16": "sg.i16 (the value's bits: no dtype is bfloat16)",
+        "b": "sg.u8",
+        "i": {1: "sg.i8 or sg.u8", 2: "sg.i16", 4: "sg.i32 or sg.u32", 8: "sg.i64 or sg.u64"}.get(size),
+    }.get(c_kind or "")
+    fix = f"declare `{p.name}` as {suggestion}" if suggestion else f"declare `{p.name}` with a dtype of {size} bytes"
+    return f"{given}, and the C++ parameter is `{c_type}`", fix
+
+
+def _preprocessed_parameters(source: str, cpp_name: str) -> bool:
+    """Whether the preprocessor may change a declaration of ``cpp_name``: a directive inside its
+    parameter list (an ``#if``, which options may decide), or a macro named there."""
+    text = without_comments(source)
+    macros = set(_DEFINED.findall(text))
+    for call in re.finditer(rf"\b{re.escape(cpp_name)}\s*\(", text):
+        end = text.find(")", call.end())
+        span = text[call.end() : end if end != -1 else len(text)]
+        if _DIRECTIVE.search(span) or macros.intersection(re.findall(r"\w+", span)):
+            return True
+    return False
+
+
+_DEFINED = re.compile(r"^[ \t]*#[ \t]*define[ \t]+(\w+)", re.M)
+_DIRECTIVE = re.compile(r"^[ \t]*#", re.M)
 
 
 def _spelling(c: CParam, name: str = "") -> str:
     spelled = f"{'const ' if c.const else ''}{c.type}*" if c.pointer else c.type
     return f"{spelled} {name}" if name else spelled
-
-
-def _closest_dtype(c_type: str, size: int | None) -> str:
-    if c_type in _FLOAT_TYPES:
-        return f"sg.{ {2: 'f16', 8: 'f64'}.get(size or 4, 'f32') }"
-    if c_type == "bool":
-        return "bool"
-    unsigned = "unsigned" in c_type.split() or c_type.startswith("uint") or c_type == "size_t"
-    return f"sg.{'u' if unsigned else 'i'}{8 * (size or 4)}"
 
 
 def _check_pdl(pdl: bool, early: tuple[str, ...], params: tuple[KernelParam, ...], kernel_name: str) -> frozenset[str]:

@@ -19,6 +19,7 @@ from ._allocation import EXPORTS
 from ._errors import (
     BorrowError,
     BoundsError,
+    ExportArgumentError,
     ExportError,
     FrozenExportError,
     LifetimeError,
@@ -405,19 +406,23 @@ class Tensor:
                 "help: import through the consumer (torch.from_dlpack(t), cupy.from_dlpack(t)), which passes it"
             )
         unknown = sorted(set(kwargs) - {"copy", "max_version", "dl_device"})
+        if unknown:
+            raise ExportArgumentError(
+                f"__dlpack__({unknown[0]}=...) of `{self.name}`: DLPack's export takes stream, copy, max_version "
+                "and dl_device only\nhelp: import through the consumer (torch.from_dlpack(t), numpy.from_dlpack(t))"
+            )
         dl_device = kwargs.get("dl_device")
-        if unknown or not (dl_device is None or (type(dl_device) is tuple and dl_device == self.__dlpack_device__())):
-            asked = f"{unknown[0]}=" if unknown else f"dl_device={dl_device!r}"
+        if dl_device is not None and (type(dl_device) is not tuple or dl_device != self.__dlpack_device__()):
+            what = (
+                f"the tensor lives on {self.device} (DLPack device {self.__dlpack_device__()}), and scopegraph "
+                "exports it only there"
+                if type(dl_device) is tuple
+                else "dl_device is a (device type, device id) tuple"
+            )
             raise ExportError(
-                f"__dlpack__({asked}...) of `{self.name}`: "
-                + (
-                    "DLPack's export takes stream, copy, max_version and dl_device only"
-                    if unknown
-                    else f"the tensor lives on {self.device} (DLPack device {self.__dlpack_device__()}), and "
-                    "scopegraph exports it only there"
-                )
-                + "\nhelp: import through the consumer (torch.from_dlpack(t), numpy.from_dlpack(t)); to move the "
-                "data, copy it first (t.numpy() for the host)"
+                f"__dlpack__(dl_device={dl_device!r}) of `{self.name}`: {what}\n"
+                "help: import through the consumer (torch.from_dlpack(t), numpy.from_dlpack(t)); to move the data, "
+                "copy it first (t.numpy() for the host)"
             )
         copy, max_version = kwargs.get("copy"), kwargs.get("max_version")
         if not (copy is None or isinstance(copy, (bool, np.bool_))) or not (
@@ -436,7 +441,10 @@ class Tensor:
             versioned = max_version is not None and max_version >= (1, 0)
             if not (copy is False and versioned):
                 raise FrozenExportError.refusing(self.name, "dlpack" if versioned else "dlpack 0.x")
-        options = {**kwargs, "copy": copy} if "copy" in kwargs else kwargs
+        # dl_device is now the tensor's own (or None): the same as not asking, and cuda.core refuses any
+        options = {k: v for k, v in kwargs.items() if k != "dl_device"}
+        if "copy" in kwargs:
+            options["copy"] = copy
         return self.device.backend.dlpack(self, stream, options, not frozen)
 
     def __dlpack_device__(self) -> tuple[int, int]:

@@ -273,6 +273,18 @@ def test_torch_round_trips_a_mutable_tensor_without_a_copy(cuda: sg.Device) -> N
 
 
 @pytest.mark.sg_cuda
+def test_torch_imports_onto_the_tensors_own_device_when_it_names_it(cuda: sg.Device) -> None:
+    """torch.from_dlpack(x, device="cuda:0") asks for dl_device=(2, 0), the tensor's own: cuda.core's
+    BufferError ("dl_device other than None") escaped; another device is an ExportError."""
+    torch = pytest.importorskip("torch")
+    x = cuda.zeros((16,), name="x")
+    t = torch.from_dlpack(x, device=f"cuda:{cuda.index}")
+    assert t.data_ptr() == x.data_ptr
+    with pytest.raises(sg.ExportError, match="exports it only there"):
+        x.__dlpack__(dl_device=(1, 0))  # the host
+
+
+@pytest.mark.sg_cuda
 def test_cupy_round_trips_a_mutable_tensor_without_a_copy(cuda: sg.Device) -> None:
     cp = pytest.importorskip("cupy")
     x = cuda.zeros((16,), name="x")
@@ -419,16 +431,19 @@ def test_an_export_racing_a_free_or_a_freeze_is_refused(
     ("asked", "message"),
     [
         ({"dl_device": (2, 0)}, r"lives on host \(DLPack device \(1, 0\)\), and scopegraph exports it only there"),
-        ({"dl_device": "cpu"}, "exports it only there"),
+        ({"dl_device": "cpu"}, r"dl_device is a \(device type, device id\) tuple"),
+        ({"dl_device": np.array([1, 0])}, "dl_device is a"),
         ({"bogus": 1}, "takes stream, copy, max_version and dl_device only"),
     ],
 )
 def test_an_export_the_tensor_cannot_make_is_a_buffer_error_with_help(asked: dict[str, Any], message: str) -> None:
     """numpy's own BufferError (or TypeError) escaped for another device or an unknown argument;
-    now an ExportError, which DLPack consumers still see as the BufferError they expect."""
+    now an ExportError, which DLPack consumers still see as the BufferError they expect, and for
+    an unknown argument also the TypeError they take to mean an older producer (and ask again)."""
     t = sg.device("host").zeros((4,), name="t")
     with pytest.raises(sg.ExportError, match=message) as caught:
         t.__dlpack__(**asked)
     assert isinstance(caught.value, BufferError) and "help:" in str(caught.value)
+    assert isinstance(caught.value, TypeError) == ("bogus" in asked)
     assert np.from_dlpack(cast(Any, t)).shape == (4,)  # its own device: exported
     assert t.__dlpack__(dl_device=(1, 0)) is not None

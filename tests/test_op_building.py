@@ -656,3 +656,75 @@ def test_declarations_that_agree_with_the_cpp_one_build() -> None:
         assert isinstance(built, sg.KernelLaunch)
     # A kernel may leave a pointer it only reads without const: declared Tensor, it builds.
     assert isinstance(library.matvec[1, 32](out.mut(), x, dev.zeros((8, 8), name="w"), 8, 8), sg.KernelLaunch)
+
+
+AGREEING = r"""
+typedef float real;
+using wide_real = double;
+typedef float* floats;
+#define IN const float*
+#define HAS_BIAS 0
+extern "C" __global__ void aliased(float* out, real a, wide_real b) {}
+extern "C" __global__ void flagged(float* out, bool flag) {}
+extern "C" __global__ void through_typedef(floats out, IN x) {}
+extern "C" __global__ void optional_bias(float* out,
+#if HAS_BIAS
+                                         const float* bias,
+#endif
+                                         int n) {}
+extern "C" __global__ void brain(float* out, __nv_bfloat16 a) {}
+"""
+
+
+def _aliased(out: Mut[Tensor], a: sg.f32, b: sg.f64) -> None: ...
+def _flagged(out: Mut[Tensor], flag: sg.u8) -> None: ...
+def _through_typedef(out: Mut[Tensor], x: Tensor) -> None: ...
+def _optional_bias(out: Mut[Tensor], n: sg.i32) -> None: ...
+def _brain(out: Mut[Tensor], a: sg.i16) -> None: ...
+
+
+@pytest.mark.parametrize(
+    ("declare", "scalars"),
+    [(_aliased, [1.0, 2.0]), (_flagged, [1]), (_through_typedef, None), (_optional_bias, [8]), (_brain, [0x3F80])],
+)
+def test_declarations_the_preprocessor_or_a_typedef_shapes_build(declare: Any, scalars: list[Any] | None) -> None:
+    """A typedef of a float type is a float, a C++ bool takes a 1-byte integer, a bfloat16 its
+    bits as an sg.i16, and a pointer behind a typedef or a macro, or a parameter list an `#if`
+    shapes, is the compiler's business: none is refused (each was, in a first version of the check)."""
+    dev = sg.device("host")
+    k = sg.kernel(AGREEING, name=declare.__name__[1:])(declare)
+    k.host(lambda *args: None)
+    out, x = dev.zeros((8,), name="out"), dev.zeros((8,), name="x")
+    args = [out.mut(), *(scalars if scalars is not None else [x])]
+    assert isinstance(k[1, 1](*args), sg.KernelLaunch)
+
+
+def test_a_bfloat16_is_not_an_f16() -> None:
+    """Both are 2 bytes; the kernel would read an f16's bits as a bfloat16 (another value)."""
+
+    @sg.kernel(AGREEING)
+    def brain(out: Mut[Tensor], a: sg.f16) -> None: ...
+
+    with pytest.raises(
+        SignatureError, match=r"`a`, is sg.f16 \(2 bytes\), and the C\+\+ parameter is `__nv_bfloat16`"
+    ) as info:
+        brain[1, 1](sg.device("host").zeros((8,), name="out").mut(), 1.0)
+    assert "help: declare `a` as sg.i16 (the value's bits" in str(info.value)
+
+
+def test_a_forward_declaration_spelled_otherwise_keeps_the_touches_count() -> None:
+    """`unsigned int` in the forward declaration, `unsigned` in the definition: read as two
+    declarations that differ, the uint4 pointee went unsized and a 64-element launch over a
+    64-float tensor (1024 bytes of uint4 against 256) was accepted."""
+    source = (
+        'extern "C" __global__ void wide4(uint4*, unsigned int);\n'
+        'extern "C" __global__ void wide4(uint4* a, unsigned n) {}'
+    )
+
+    @sg.kernel(source, touches={"a": "n"})
+    def wide4(a: Mut[Tensor], n: sg.u32) -> None: ...
+
+    out = sg.device("host").zeros((64,), name="out")
+    wide4[1, 1](out.mut(), 16)
+    with pytest.raises(SignatureError, match="would touch 64 16-byte elements"):
+        wide4[1, 1](out.mut(), 64)
