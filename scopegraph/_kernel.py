@@ -8,7 +8,8 @@ their C type. ``Annotated[Tensor, sg.TensorSpec(sg.f32, rank=2)]`` also pins dty
 Arguments are checked when the launch op is built (``axpy[grid, block](...)``), so the
 traceback points at the user's line. The same declaration serves the CUDA backend (pointers
 and typed scalars for cuda.core's ``launch``) and the host backend (numpy views for the
-``@axpy.host`` reference).
+``@axpy.host`` reference). On its first launch the declaration is checked against the kernel's C++
+one, where the source spells that out (``check_c_parameters``).
 """
 
 from __future__ import annotations
@@ -373,7 +374,8 @@ class CDeclaration(NamedTuple):
     alias_kinds: dict[str, str]
 
     def kind(self, c_type: str) -> str | None:
-        """ "f", "bf16", "b", "i" for a value of ``c_type``, or None for a type of no known size."""
+        """The kind of a value of ``c_type``: "f", "bf16", "b" (bool) or "i"; None for a type of no
+        known size, or a vector type."""
         if c_type in ("__nv_bfloat16", "nv_bfloat16"):
             return "bf16"
         if c_type in _FLOAT_TYPES:
