@@ -1604,14 +1604,20 @@ class KernelLaunch(GraphNode):
         if kwargs or len(args) != len(kernel.params):
             args = self._bind(args, kwargs)
         binder = kernel._binder
-        if binder is None:  # the kernel's first launch
-            if kernel.options:  # refused where a GPU's compile would refuse them, on every backend
-                check_options(kernel)
-            check_c_parameters(kernel)
-            binder = kernel._binder = _make_binder(kernel)
         # Sets args (tensors for borrows, numpy scalars of the declared C type or sg.Params for
         # the rest), params, borrows and device, with every check (see _make_binder).
+        if binder is not None:
+            binder(self, *args)
+            return
+        # The kernel's first launch: the declaration's checks, kept (with the binder) once one passes
+        # them. This launch's own mistakes (a borrow, a size) are reported first: they are the
+        # caller's line, the declaration's are the kernel's.
+        if kernel.options:  # refused where a GPU's compile would refuse them, on every backend
+            check_options(kernel)
+        binder = _make_binder(kernel)
         binder(self, *args)
+        check_c_parameters(kernel)
+        kernel._binder = binder
 
     @property
     def name(self) -> str:

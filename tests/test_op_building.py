@@ -728,3 +728,17 @@ def test_a_forward_declaration_spelled_otherwise_keeps_the_touches_count() -> No
     wide4[1, 1](out.mut(), 16)
     with pytest.raises(SignatureError, match="would touch 64 16-byte elements"):
         wide4[1, 1](out.mut(), 64)
+
+
+def test_a_launchs_own_mistake_is_reported_before_the_declarations() -> None:
+    """The first launch of a kernel whose declaration disagrees with its C++ one, and which also
+    borrows wrongly: the borrow (the caller's line) is the error; the next launch, the declaration;
+    and the declaration again after that (nothing is kept from a launch that failed)."""
+    dev = sg.device("host")
+    k = _axpy_c(_wide_int)
+    out, x = dev.zeros((8,), name="out"), dev.zeros((8,), name="x")
+    with pytest.raises(BorrowError):
+        k[1, 8](out.mut(), out, 1.0, 8)
+    for _ in range(2):
+        with pytest.raises(SignatureError, match=r"`n`, is sg.i64 \(8 bytes\)"):
+            k[1, 8](out.mut(), x, 1.0, 8)
