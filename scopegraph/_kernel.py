@@ -356,22 +356,29 @@ def _c_type_bytes(name: str, aliases: dict[str, int]) -> int | None:
 
 class CParam(NamedTuple):
     """One parameter of a kernel's C++ declaration, as the source spells it: a pointer (``type`` is
-    what it points to, ``const`` whether that is const) or a value (``type`` is its type)."""
+    what it points to, ``const`` whether that is const) or a value (``type`` is its type); ``name``
+    is empty where the declaration leaves it out."""
 
     pointer: bool
     const: bool
     type: str
+    name: str
 
 
 class CDeclaration(NamedTuple):
-    """A kernel's C++ declaration as its source spells it: its parameters, their names (empty
-    where no declaration names them all), and the sizes and kinds ("f": a floating-point type,
-    "i": an integer) of the source's typedefs and ``using`` aliases of sized types."""
+    """A kernel's C++ declaration as its source spells it: its parameters (named, where one of its
+    declarations names them all), and the sizes and kinds ("f": a floating-point type, "i": an
+    integer) of the source's typedefs and ``using`` aliases of sized types."""
 
     params: tuple[CParam, ...]
-    names: tuple[str, ...]
     aliases: dict[str, int]
     alias_kinds: dict[str, str]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The parameters' names; empty where no declaration names them all."""
+        names = tuple(p.name for p in self.params)
+        return names if all(names) else ()
 
     def kind(self, c_type: str) -> str | None:
         """The kind of a value of ``c_type``: "f", "bf16", "b" (bool) or "i"; None for a type of no
@@ -404,7 +411,6 @@ def declared_parameters(source: str, cpp_name: str) -> CDeclaration | None:
             if bare in _FLOAT_TYPES or alias_kinds.get(bare) == "f":
                 alias_kinds[name] = "f"
     found: dict[tuple[object, ...], tuple[CParam, ...]] = {}
-    names: tuple[str, ...] = ()
     for call in re.finditer(rf"\b{re.escape(cpp_name)}\s*\(", code):
         start = max(code.rfind(mark, 0, call.start()) for mark in ";{}")
         head = code[start + 1 : call.start()]
@@ -414,13 +420,13 @@ def declared_parameters(source: str, cpp_name: str) -> CDeclaration | None:
             if [" ".join(item.split()) for item in items] == ["void"]:
                 items = []  # `k(void)`: no parameters
             params = tuple(_c_param(item, aliases) for item in items)
-            found.setdefault(tuple(_canonical(p, aliases) for p in params), params)
-            named = tuple(_c_param_name(item, aliases) for item in items)
-            names = names or (named if all(named) else ())
+            key = tuple(_canonical(p, aliases) for p in params)
+            if key not in found or not all(p.name for p in found[key]):  # the one that names them, if any
+                found[key] = params
     if len(found) != 1:
         return None
     (params,) = found.values()
-    return CDeclaration(params, names, aliases, alias_kinds)
+    return CDeclaration(params, aliases, alias_kinds)
 
 
 def _canonical(param: CParam, aliases: dict[str, int]) -> object:
@@ -434,27 +440,18 @@ def _canonical(param: CParam, aliases: dict[str, int]) -> object:
 
 
 def _c_param(parameter: str, aliases: dict[str, int]) -> CParam:
-    words = parameter.replace("*", " * ").replace("[", " [ ").split()
-    if "[" in words:  # `float x[]`: a pointer to float
-        words = [*_without_name(words[: words.index("[")], aliases), "*"]
-    if "*" in words:
-        pointee = words[: len(words) - words[::-1].index("*") - 1]
-        bare = " ".join(_QUALIFIERS.sub(" ", " ".join(pointee)).split())
-        return CParam(True, "*" not in pointee and "const" in pointee, bare)
-    return CParam(False, False, " ".join(_without_name(_QUALIFIERS.sub(" ", " ".join(words)).split(), aliases)))
-
-
-def _c_param_name(parameter: str, aliases: dict[str, int]) -> str:
     words = _QUALIFIERS.sub(" ", parameter.split("[")[0]).replace("*", " * ").split()
     if "*" in words:
-        after = words[len(words) - words[::-1].index("*") :]
-        return after[-1] if after else ""
-    return words[-1] if len(words) > 1 and not _is_type_word(words[-1], aliases) else ""
-
-
-def _without_name(words: list[str], aliases: dict[str, int]) -> list[str]:
-    """A declaration's words less the parameter's name (a forward declaration may leave it out)."""
-    return words[:-1] if len(words) > 1 and not _is_type_word(words[-1], aliases) else words
+        star = len(words) - words[::-1].index("*") - 1  # the last one
+        pointee, after = words[:star], words[star + 1 :]
+        const = "*" not in pointee and "const" in parameter[: parameter.rindex("*")].split()
+        return CParam(True, const, " ".join(pointee), after[-1] if after else "")
+    # A forward declaration may leave the name out: the last word is a name unless it is a type's.
+    named = len(words) > 1 and not _is_type_word(words[-1], aliases)
+    if "[" in parameter:  # `float x[]`: a pointer to float
+        const = "const" in parameter.split("[")[0].split()
+        return CParam(True, const, " ".join(words[:-1] if named else words), words[-1] if named else "")
+    return CParam(False, False, " ".join(words[:-1] if named else words), words[-1] if named else "")
 
 
 def _is_type_word(word: str, aliases: dict[str, int]) -> bool:
@@ -493,10 +490,7 @@ def check_c_parameters(kernel: Kernel[Any]) -> None:
         return
     c_params = declared.params
     params = kernel.params
-    named = declared.names or ("",) * len(c_params)
-    spelled = (
-        f"__global__ void {kernel.cpp_name}({', '.join(_spelling(c, n) for c, n in zip(c_params, named, strict=True))})"
-    )
+    spelled = f"__global__ void {kernel.cpp_name}({', '.join(_spelling(c, named=True) for c in c_params)})"
     python = f"def {kernel.__name__}({', '.join(p.describe() for p in params)})"
     if len(c_params) != len(params):
         raise SignatureError(
@@ -559,9 +553,7 @@ def _scalar_problem(p: KernelParam, c_type: str, size: int, c_kind: str | None) 
     1-byte integer too, and a bfloat16 its bits as an sg.i16 (no dtype is bfloat16)."""
     assert p.dtype is not None
     kind = {"u": "i"}.get(p.dtype.numpy.kind, p.dtype.numpy.kind)
-    fits = p.dtype.itemsize == size and (
-        c_kind is None or c_kind == kind or (c_kind == "b" and kind == "i") or (c_kind == "bf16" and kind == "i")
-    )
+    fits = p.dtype.itemsize == size and (c_kind in (None, kind) or (c_kind in ("b", "bf16") and kind == "i"))
     if fits:
         return None
     given = f"is {p.dtype.spelling} ({p.dtype.itemsize} byte{'' if p.dtype.itemsize == 1 else 's'})"
@@ -592,9 +584,9 @@ _DEFINED = re.compile(r"^[ \t]*#[ \t]*define[ \t]+(\w+)", re.M)
 _DIRECTIVE = re.compile(r"^[ \t]*#", re.M)
 
 
-def _spelling(c: CParam, name: str = "") -> str:
+def _spelling(c: CParam, named: bool = False) -> str:
     spelled = f"{'const ' if c.const else ''}{c.type}*" if c.pointer else c.type
-    return f"{spelled} {name}" if name else spelled
+    return f"{spelled} {c.name}" if named and c.name else spelled
 
 
 def _check_pdl(pdl: bool, early: tuple[str, ...], params: tuple[KernelParam, ...], kernel_name: str) -> frozenset[str]:

@@ -742,3 +742,21 @@ def test_a_launchs_own_mistake_is_reported_before_the_declarations() -> None:
     for _ in range(2):
         with pytest.raises(SignatureError, match=r"`n`, is sg.i64 \(8 bytes\)"):
             k[1, 8](out.mut(), x, 1.0, 8)
+
+
+def test_names_come_from_whichever_declaration_spells_them() -> None:
+    """An unnamed forward declaration first, the named definition after it: the definition's
+    names still catch two parameters given in another order."""
+    source = (
+        'extern "C" __global__ void pair(float*, const float*);\n'
+        'extern "C" __global__ void pair(float* out, const float* x) {}'
+    )
+
+    @sg.kernel(source)
+    def pair(x: Mut[Tensor], out: Tensor) -> None: ...
+
+    pair.host(lambda *args: None)
+    dev = sg.device("host")
+    with pytest.raises(SignatureError, match="names its parameters in another order") as info:
+        pair[1, 1](dev.zeros((4,), name="a").mut(), dev.zeros((4,), name="b"))
+    assert "C++:    __global__ void pair(float* out, const float* x)" in str(info.value)
