@@ -327,7 +327,7 @@ def may_wait(source: str, options: tuple[tuple[str, object], ...]) -> bool:
     text = source + repr(options)
     return (
         _A_WAIT.search(text) is not None
-        or _AN_INCLUDE.search(source) is not None
+        or AN_INCLUDE.search(source) is not None
         or "include" in repr(options)  # a header put before the source (pre_include)
     )
 
@@ -353,7 +353,7 @@ def code_only(source: str) -> str:
 _PDL_NAMES = r"(?:cudaGridDependencySynchronize|cudaTriggerProgrammaticLaunchCompletion)\s*\("
 _PDL_CALLS = re.compile(rf"\b{_PDL_NAMES}")
 _PDL_DEFINED = re.compile(rf"\bvoid\s+{_PDL_NAMES}")
-_AN_INCLUDE = re.compile(r"^[ \t]*#[ \t]*include\b", re.M)
+AN_INCLUDE = re.compile(r"^[ \t]*#[ \t]*include\b", re.M)
 _PDL_PRELUDE = """#if __CUDA_ARCH__ >= 900
 #define SG_PDL_ASM(instruction) asm volatile(instruction ::: "memory")
 #else
@@ -374,7 +374,7 @@ def program_source(kernel: Kernel[Any]) -> str:
     source = kernel.source
     if dict(kernel.options).get("pre_include") or not _PDL_CALLS.search(source):
         return source
-    if _PDL_DEFINED.search(code_only(source)) or _AN_INCLUDE.search(_NOT_CODE.sub(" ", source)):
+    if _PDL_DEFINED.search(code_only(source)) or AN_INCLUDE.search(_NOT_CODE.sub(" ", source)):
         return source
     return _PDL_PRELUDE + source
 

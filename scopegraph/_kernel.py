@@ -36,8 +36,20 @@ from typing import (
 import numpy as np
 
 from ._borrow import Borrow
-from ._compile import check_options, code_only, may_wait, without_comments
-from ._dtypes import DType, as_dtype, dtype_of_annotation
+from ._compile import AN_INCLUDE, check_options, code_only, may_wait, without_comments
+from ._dtypes import (
+    ALL_DTYPES,
+    DType,
+    as_dtype,
+    boolean,
+    dtype_of_annotation,
+    float16,
+    float32,
+    float64,
+    int8,
+    int16,
+    uint8,
+)
 from ._errors import ScopeGraphError, SignatureError, diagnostic
 from ._ops import GraphNode, borrowed_tensor
 from ._params import Param
@@ -478,15 +490,79 @@ def _pointee_bytes(param: CParam, aliases: dict[str, int]) -> int | str | None:
     return _c_type_bytes(param.type, aliases) or param.type
 
 
-def check_c_parameters(kernel: Kernel[Any]) -> None:
-    """The Python declaration against the C++ one, where the source spells it out (a template's,
-    or one that the preprocessor shapes, is the compiler's business): as many parameters, a pointer
-    for each tensor and a value for each scalar, no ``Mut`` on a const pointer (the kernel cannot
-    write it: most likely two parameters are swapped), and each scalar of the C type's size and
-    kind. On a GPU a mismatch would pass a wrong parameter buffer; on the host backend it would
-    run regardless. A type the rules do not know (a typedef of a pointer, a struct) is not judged."""
-    declared = None if kernel.template_args else declared_parameters(kernel.source, kernel.cpp_name)
+def c_declaration(kernel: Kernel[Any]) -> CDeclaration | None:
+    """The kernel's C++ declaration where the source spells it out and nothing but the compiler
+    could change it: None for a template's, or one that the preprocessor shapes."""
+    if kernel.template_args:
+        return None
+    declared = declared_parameters(kernel.source, kernel.cpp_name)
     if declared is None or _preprocessed_parameters(kernel.source, kernel.cpp_name):
+        return None
+    return declared
+
+
+def pointee_dtypes(params: tuple[KernelParam, ...], declared: CDeclaration | None) -> tuple[tuple[DType, ...], ...]:
+    """Per Python parameter, the tensor dtypes its C++ pointer takes: ``float*`` an sg.f32 tensor,
+    ``int*`` an sg.i32 or sg.u32 one, and any pointer an sg.u8 tensor, its bytes (``touches=``
+    then counts the kernel's elements in them); empty where any dtype goes (a scalar, ``void*``,
+    bytes, integer vectors, a type no rule knows) or the declarations do not line up
+    (check_c_parameters says so)."""
+    if declared is None or len(declared.params) != len(params):
+        return ((),) * len(params)
+    return tuple(
+        () if p.kind == "scalar" else _pointee_dtypes(c, declared) for p, c in zip(params, declared.params, strict=True)
+    )
+
+
+def _pointee_dtypes(c: CParam, declared: CDeclaration) -> tuple[DType, ...]:
+    if not c.pointer or "*" in c.type:
+        return ()
+    c_type = c.type
+    if c_type in ("__half2", "half2"):
+        return (float16,)
+    if c_type in ("__nv_bfloat162", "nv_bfloat162"):
+        return (int16,)
+    vector = _VECTOR.fullmatch(c_type)
+    if vector:  # float4: floats; an integer vector (uint4) is as often 16 raw bytes of any dtype
+        if not vector[3]:
+            return ()
+        c_type = vector[3]
+    size, kind = _c_type_bytes(c_type, declared.aliases), declared.kind(c_type)
+    if size is None or kind is None:
+        return ()
+    if kind == "bf16":
+        return (int16,)  # its bits: no dtype is bfloat16
+    if kind == "b":
+        return (boolean, uint8, int8)
+    if kind == "f":
+        return {2: (float16,), 4: (float32,), 8: (float64,)}.get(size, ())
+    if size == 1:  # char, uint8_t: bytes, of whatever a tensor holds
+        return ()
+    return tuple(d for d in ALL_DTYPES if d.numpy.kind in "iu" and d.itemsize == size)
+
+
+def pointee_problem(dtype: DType, c: CParam, allowed: tuple[DType, ...]) -> tuple[str, str]:
+    """What a tensor of ``dtype`` passed to the C++ pointer ``c`` (which takes ``allowed``) would
+    do, and what to pass or declare instead."""
+    takes = " or ".join(d.spelling for d in allowed)
+    return (
+        f"the C++ parameter is `{_spelling(c, named=True)}`: the kernel would read {dtype.spelling} elements "
+        f"as `{c.type}`",
+        f"pass a tensor of {takes} (or sg.u8 bytes), or make the C++ parameter point to {dtype.ctype} "
+        f"({dtype.spelling})",
+    )
+
+
+def check_c_parameters(kernel: Kernel[Any], declared: CDeclaration | None) -> None:
+    """The Python declaration against the C++ one (``declared``, c_declaration's answer): as many
+    parameters, a pointer for each tensor and a value for each scalar, no ``Mut`` on a const pointer
+    (the kernel cannot write it: most likely two parameters are swapped), a tensor's declared dtype
+    one its pointer takes, and each scalar of the C type's size and kind. On a GPU a mismatch would
+    pass a wrong parameter buffer; on the host backend it would run regardless. A type the rules do
+    not know (a typedef of a pointer, a struct) is not judged. Nor is a declaration the source does
+    not spell out, but for its name: a kernel the source never names is refused."""
+    if declared is None:
+        _check_named(kernel)
         return
     c_params = declared.params
     params = kernel.params
@@ -522,6 +598,28 @@ def check_c_parameters(kernel: Kernel[Any]) -> None:
             )
 
 
+def _check_named(kernel: Kernel[Any]) -> None:
+    """Refuse a kernel whose source never names it (the host backend would run its reference; a
+    GPU finds no such kernel to load), unless something the source does not show may define it:
+    an included header, token pasting (``##``), a macro given in the options. An empty source is
+    a declaration for the host backend alone (tests of a reference), not a misnamed kernel."""
+    source = kernel.source
+    macro_option = any(name == "define_macro" for name, _ in kernel.options)
+    if not code_only(source).strip() or "##" in source or AN_INCLUDE.search(source) or macro_option:
+        return
+    name = kernel.cpp_name.rsplit("::", 1)[-1]
+    if re.search(rf"\b{re.escape(name)}\b", code_only(source)):
+        return
+    defined = sorted(set(re.findall(r"\b__global__\s+(?:[\w:<>,\s*&]*?\s)?(\w+)\s*\(", code_only(source))))
+    raise SignatureError(
+        diagnostic(
+            f"kernel `{kernel.cpp_name}` is not in its source",
+            [f"the source defines {', '.join(f'`{k}`' for k in defined) if defined else 'no kernel'}"],
+            help='name the C++ function: @sg.kernel(SOURCE, name="..."), or name the Python function after it',
+        )
+    )
+
+
 def _parameter_problem(p: KernelParam, c: CParam, declared: CDeclaration) -> tuple[str, str] | None:
     """Why the Python parameter ``p`` cannot take the C++ parameter ``c``, and what to declare
     instead; None when it can."""
@@ -542,6 +640,11 @@ def _parameter_problem(p: KernelParam, c: CParam, declared: CDeclaration) -> tup
             f"if the kernel reads `{p.name}`, declare it `Tensor`; if it writes it, drop the const "
             "(or check the order: are two parameters swapped?)",
         )
+    if p.kind != "scalar" and p.dtype is not None:
+        allowed = _pointee_dtypes(c, declared)
+        if allowed and p.dtype not in allowed and p.dtype != uint8:
+            what, fix = pointee_problem(p.dtype, c, allowed)
+            return f"is declared {p.dtype.spelling}, and {what}", fix.replace("pass a tensor of", "declare it")
     if p.kind == "scalar" and size:
         return _scalar_problem(p, c.type, size, declared.kind(c.type))
     return None
@@ -755,7 +858,7 @@ class Kernel(Generic[P]):
         key = tuple(_template_arg(a) for a in args)
         inst = self._instances.get(key)
         if inst is None:
-            _check_template_count(self, len(key))
+            _check_template_args(self, args, key)
             inst = self._instances[key] = self.rebuilt(template_args=key)
         if plain:
             self._instances_as_given[args] = inst
@@ -981,10 +1084,23 @@ def declared_templates(source: str, cpp_name: str) -> list[str | None]:
     return found
 
 
-def _check_template_count(kernel: Kernel[Any], given: int) -> None:
+def _check_template_args(kernel: Kernel[Any], args: tuple[object, ...], key: tuple[str, ...]) -> None:
     """generics() with as many arguments as the template declares (those with defaults may be left
-    out), where the source spells the declaration out: the host backend would run any count, and
-    NVRTC refuses the launch only on a GPU."""
+    out), each of the kind its parameter takes (a dtype for ``typename T``, an int or bool for
+    ``int N``), where the source spells the declaration out: the host backend would run any, and
+    NVRTC refuses the launch only on a GPU. C++ text (a str) must be one argument's: no ``;``,
+    braces or unbalanced brackets, which would splice code into the instantiation."""
+    for arg, text in zip(args, key, strict=True):
+        if isinstance(arg, str) and not _one_argument(text):
+            raise SignatureError(
+                diagnostic(
+                    f"template argument {text!r} of `{kernel.cpp_name}` is not one C++ template argument",
+                    ["C++ text is pasted into the instantiation as it is"],
+                    help="pass an int or bool for a value parameter, a dtype (sg.f32) for a type one, "
+                    "or the C++ text of one type or constant expression",
+                )
+            )
+    given = len(key)
     declarations = set(declared_templates(kernel.source, kernel.cpp_name))
     if len(declarations) != 1:  # none readable from the source, or overloads that may differ
         return
@@ -1014,6 +1130,39 @@ def _check_template_count(kernel: Kernel[Any], given: int) -> None:
                 "(ints, bools, dtypes such as sg.f32, or C++ text)",
             )
         )
+    for position, (arg, parameter) in enumerate(zip(args, parameters, strict=False)):
+        takes_type = _TYPE_PARAMETER.fullmatch(parameter) is not None
+        if isinstance(arg, str) or parameter.lstrip().startswith("template"):
+            continue  # C++ text, or a template template parameter: the compiler's to judge
+        gives_type = not isinstance(arg, (bool, np.bool_, int, np.integer))
+        if takes_type != gives_type:
+            raise SignatureError(
+                diagnostic(
+                    f"`{kernel.cpp_name}` is declared template {declared}: template parameter "
+                    f"{position + 1}, `{' '.join(parameter.split())}`, takes a {'type' if takes_type else 'value'}, "
+                    f"and generics() got {key[position]!r}",
+                    ["NVRTC would refuse the instantiation on a GPU (the host backend cannot tell)"],
+                    help="pass a dtype (sg.f32) for a type parameter, an int or bool for a value one",
+                )
+            )
+
+
+# A template type parameter: `typename T`, `class T = float`, `typename... Ts` (not a value
+# parameter whose type is spelled with typename: `typename std::enable_if<...>::type = 0`).
+_TYPE_PARAMETER = re.compile(r"\s*(?:typename|class)\b\s*(?:\.\.\.)?\s*(?:\w+)?\s*(?:=.*)?", re.S)
+
+
+def _one_argument(text: str) -> bool:
+    """Whether C++ text can be one template argument: no statement or block, brackets balanced."""
+    if not text.strip() or any(c in text for c in ";{}"):
+        return False
+    depth = 0
+    for char in text:
+        depth += {"(": 1, "[": 1, ")": -1, "]": -1}.get(char, 0)
+        if depth < 0:
+            return False
+    angles = text.count("<") - text.count(">")
+    return depth == 0 and (angles == 0 or "(" in text)  # `(3 > 2)`: a comparison inside parentheses
 
 
 def _c_linkage(source: str, name: str) -> bool:
@@ -1332,9 +1481,11 @@ _new_launch = object.__new__
 _SCALAR_CACHE = 1024
 
 
-def _make_binder(kernel: Kernel[Any]) -> Callable[..., None]:
+def _make_binder(kernel: Kernel[Any], pointees: tuple[tuple[DType, ...], ...]) -> Callable[..., None]:
     """The function that checks and binds one launch's arguments, generated once per kernel from
-    its declaration (building an op is the inner loop of eager code and of recording).
+    its declaration (building an op is the inner loop of eager code and of recording) and the
+    dtypes each tensor's C++ pointer takes (``pointees``, see pointee_dtypes: for a tensor with no
+    declared dtype, ``if t1.dtype is not K1_0 ...: op._pointee_error(P1, t1, K1)``).
 
     For ``add(out: Mut[Tensor] (dtype f32), a: Tensor (dtype f32), n: sg.i32)`` with
     ``touches={"out": "n", "a": "n"}`` it reads::
@@ -1421,6 +1572,7 @@ def _make_binder(kernel: Kernel[Any]) -> Callable[..., None]:
         "TOUCHES": kernel.touches,
         "cached": _cached,
         "NEW": object.__new__,
+        "RAW": uint8,
     }
     lines = [f"def bind(op{''.join(f', a{i}' for i in range(n))}):"]
     borrows: list[tuple[int, bool, str]] = []  # (position, mutable, name)
@@ -1481,6 +1633,11 @@ def _make_binder(kernel: Kernel[Any]) -> Callable[..., None]:
             spec.append(f"len(t{i}.shape) != {int(p.rank)}")
         if spec:
             lines += [f"    if {' or '.join(spec)}:", f"        op._spec_error(P{i}, t{i})"]
+        elif pointees[i]:  # (a declared dtype was checked against the pointer by check_c_parameters)
+            ns[f"K{i}"] = pointees[i]
+            ns.update({f"K{i}_{j}": d for j, d in enumerate(pointees[i])})
+            unlike = [f"t{i}.dtype is not K{i}_{j}" for j in range(len(pointees[i]))] + [f"t{i}.dtype is not RAW"]
+            lines += [f"    if {' and '.join(unlike)}:", f"        op._pointee_error(P{i}, t{i}, K{i})"]
         borrows.append((i, mutable, p.name))
     values = [f"v{i}" if p.kind == "scalar" else f"t{i}" for i, p in enumerate(params)]
     lines.append(f"    args = op.args = ({', '.join(values)}{',' if len(values) == 1 else ''})")
@@ -1606,9 +1763,10 @@ class KernelLaunch(GraphNode):
         # caller's line, the declaration's are the kernel's.
         if kernel.options:  # refused where a GPU's compile would refuse them, on every backend
             check_options(kernel)
-        binder = _make_binder(kernel)
+        declared = c_declaration(kernel)
+        binder = _make_binder(kernel, pointee_dtypes(kernel.params, declared))
         binder(self, *args)
-        check_c_parameters(kernel)
+        check_c_parameters(kernel, declared)
         kernel._binder = binder
 
     @property
@@ -1733,6 +1891,23 @@ class KernelLaunch(GraphNode):
             f"{p.name}={a}" for p, a in zip(self.kernel.params, args, strict=True) if p.kind == "scalar"
         )
         return f"launched as {self.name}[{self.grid}, {self.block}] with {scalars}"
+
+    def _pointee_error(self, param: KernelParam, tensor: Tensor, allowed: tuple[DType, ...]) -> None:
+        """Refuse ``tensor`` for a parameter whose C++ pointer takes ``allowed`` dtypes, or raw
+        bytes (an sg.u8 tensor); a dtype equal to one of them but another object (unpickled) passes."""
+        if tensor.dtype in allowed or tensor.dtype == uint8:
+            return
+        declared = c_declaration(self.kernel)
+        assert declared is not None
+        c = declared.params[self.kernel.params.index(param)]
+        what, fix = pointee_problem(tensor.dtype, c, allowed)
+        raise SignatureError(
+            diagnostic(
+                f"`{self.name}` parameter `{param.name}` got `{tensor.name}` of dtype {tensor.dtype.name}, and {what}",
+                [f"declared as {self.kernel!r}", "on a GPU it would compute garbage; the host reference would not"],
+                help=fix,
+            )
+        )
 
     def _spec_error(self, param: KernelParam, tensor: Tensor) -> None:
         raise SignatureError(

@@ -65,8 +65,9 @@ def _byte_fill(out: Any, n: np.int32) -> None:
 
 
 def test_touches_of_a_parameter_without_dtype_count_the_kernels_elements(sg_device: sg.Device) -> None:
-    """`out` declares no dtype, so a tensor of any dtype is taken; the kernel writes `float`s (its C
-    declaration says so), and n of them must fit the tensor's bytes, not n of its elements."""
+    """`out` declares no dtype, so it takes what its C++ pointer points to, or raw bytes (an sg.u8
+    tensor); the kernel writes `float`s (its C declaration says so), and n of them must fit the
+    tensor's bytes, not n of its elements."""
     raw = sg_device.zeros((32,), sg.u8, name="raw")
     refused = r"would touch 16 4-byte elements of `out` \(64 bytes\), but `raw\[0:16\]` has 16 bytes"
     with pytest.raises(SignatureError, match=refused):
@@ -80,9 +81,9 @@ def test_touches_of_a_parameter_without_dtype_count_the_kernels_elements(sg_devi
         byte_fill[1, 96](floats.mut(), 65)
     # A build from another source counts what that source declares.
     doubles = raw_fill.rebuilt(source=RAW_FILL.replace("float* out", "double* out"))
-    doubles[1, 16](floats.mut(), 1.0, 8)  # 8 doubles: 64 bytes, all of `floats`
-    with pytest.raises(SignatureError, match="would touch 16 8-byte elements"):
-        doubles[1, 16](floats.mut(), 1.0, 16)
+    doubles[1, 16](raw.mut(), 1.0, 4)  # 4 doubles: 32 bytes, all of `raw`
+    with pytest.raises(SignatureError, match="would touch 5 8-byte elements"):
+        doubles[1, 16](raw.mut(), 1.0, 5)
 
 
 def test_opting_in_to_more_shared_memory_is_kept_by_every_build_of_a_kernel() -> None:
@@ -760,3 +761,119 @@ def test_names_come_from_whichever_declaration_spells_them() -> None:
     with pytest.raises(SignatureError, match="names its parameters in another order") as info:
         pair[1, 1](dev.zeros((4,), name="a").mut(), dev.zeros((4,), name="b"))
     assert "C++:    __global__ void pair(float* out, const float* x)" in str(info.value)
+
+
+TYPED = r"""
+extern "C" __global__ void typed(float* out, const double* x, const int* index, const uint4* raw, void* any,
+                                 const __half* h, int n) {}
+"""
+
+
+def _typed(out: Mut[Tensor], x: Tensor, index: Tensor, raw: Tensor, any: Tensor, h: Tensor, n: sg.i32) -> None: ...
+
+
+def test_a_tensor_of_another_dtype_than_its_cpp_pointer_is_refused_on_every_backend(
+    sg_device: sg.Device, sg_stream: sg.Stream
+) -> None:
+    """`float* out` given an f64 tensor: on a GPU the kernel would read and write its bytes as
+    floats, while the host reference computes on the f64 values, so a host test passes and the GPU
+    result is garbage. A tensor of no declared dtype takes what its pointer points to (an int* an
+    sg.i32 or sg.u32 one), or sg.u8 bytes; void* and integer vectors (uint4*) take any dtype."""
+    k = sg.kernel(TYPED, name="typed")(_typed)
+    k.host(lambda *args: None)
+    z = sg_device.zeros
+
+    def launch(**changed: Tensor) -> sg.KernelLaunch:
+        given = {"out": z((8,), name="out"), "x": z((8,), sg.f64, name="x"), "index": z((8,), sg.i32, name="i")}
+        given |= {"raw": z((8,), sg.f16, name="r"), "any": z((8,), sg.i64, name="a"), "h": z((8,), sg.f16, name="h")}
+        given |= changed
+        return k[1, 8](given["out"].mut(), given["x"], given["index"], given["raw"], given["any"], given["h"], 8)
+
+    sg_stream.run(launch())
+    sg_stream.run(launch(index=z((8,), sg.u32, name="u"), raw=z((8,), name="f"), any=z((8,), sg.u8, name="b")))
+    sg_stream.run(launch(out=z((32,), sg.u8, name="bytes")))  # raw bytes go to any pointer
+    for changed, refused in (
+        (
+            {"out": z((8,), sg.f64, name="wide")},
+            r"`out` got `wide` of dtype f64, and the C\+\+ parameter is `float\* ou",
+        ),
+        ({"x": z((8,), name="narrow")}, r"`x` got `narrow` of dtype f32, .* is `const double\* x`"),
+        ({"index": z((8,), sg.i64, name="long")}, r"`index` got `long` of dtype i64"),
+        ({"h": z((8,), sg.i16, name="bits")}, r"`h` got `bits` of dtype i16, .* is `const __half\* h`"),
+    ):
+        with pytest.raises(SignatureError, match=refused) as info:
+            launch(**changed)
+        takes = {"out": "sg.f32", "x": "sg.f64", "index": "sg.i32 or sg.u32", "h": "sg.f16"}[next(iter(changed))]
+        assert f"help: pass a tensor of {takes} (or sg.u8 bytes)" in str(info.value)
+    out = z((8,), name="out")
+    sg_stream.run(library.fill_op(out.mut(), 2.0))  # the stream is still usable
+    assert out.numpy().tolist() == [2.0] * 8
+
+
+def test_a_declared_dtype_its_cpp_pointer_does_not_take_is_refused() -> None:
+    """A TensorSpec that contradicts the C++ pointer is the declaration's mistake: refused on the
+    first launch, whatever tensor it gets."""
+
+    @sg.kernel(TYPED, name="typed")
+    def typed_wrongly(
+        out: Annotated[Mut[Tensor], sg.TensorSpec(sg.f64)],
+        x: Tensor,
+        index: Tensor,
+        raw: Tensor,
+        any: Tensor,
+        h: Tensor,
+        n: sg.i32,
+    ) -> None: ...
+
+    typed_wrongly.host(lambda *args: None)
+    dev = sg.device("host")
+    out, x, index, raw, any, h = (dev.zeros((8,), d) for d in (sg.f64, sg.f64, sg.i32, sg.f32, sg.f32, sg.f16))
+    with pytest.raises(
+        SignatureError, match=r"parameter 1, `out`, is declared sg.f64, and the C\+\+ parameter is `float\* out`"
+    ) as info:
+        typed_wrongly[1, 8](out.mut(), x, index, raw, any, h, 8)
+    assert "help: declare it sg.f32 (or sg.u8 bytes), or make the C++ parameter point to double" in str(info.value)
+
+
+def test_a_kernel_its_source_never_names_is_refused_on_every_backend(sg_device: sg.Device) -> None:
+    """A misnamed kernel ran its host reference on the host backend; a GPU finds nothing to load.
+    A source that may define it out of sight (an include, token pasting, a macro option) and an
+    empty one (a host-only declaration) are not judged."""
+
+    def axpy_typo(out: Mut[Tensor], x: Tensor, a: sg.f32, n: sg.i32) -> None: ...
+
+    out, x = sg_device.zeros((8,), name="out"), sg_device.zeros((8,), name="x")
+    with pytest.raises(SignatureError, match="kernel `axpy_typo` is not in its source") as info:
+        sg.kernel(AXPY_C)(axpy_typo)[1, 8](out.mut(), x, 1.0, 8)
+    assert "the source defines `arrays`, `axpy_c`, `nothing`" in str(info.value) and "help: name the C++" in str(
+        info.value
+    )
+    for source, options in (
+        ("#include <cuda_fp16.h>\n" + AXPY_C, None),
+        ("#define K(n) n##_typo\n" + AXPY_C, None),
+        (AXPY_C, {"define_macro": ("axpy_typo", "axpy_c")}),
+        ("", None),
+    ):
+        k = sg.kernel(source, options=options)(axpy_typo)
+        k.host(lambda *args: None)
+        assert isinstance(k[1, 8](out.mut(), x, 1.0, 8), sg.KernelLaunch)
+
+
+def test_generics_takes_arguments_of_the_kinds_the_template_declares() -> None:
+    """A dtype for `int B` and an int for `typename T` were instantiated on the host (NVRTC refuses
+    both on a GPU), and C++ text that is no single argument was pasted into the instantiation."""
+
+    @sg.kernel("template <int B, typename T = float> __global__ void tk(T* out) {}")
+    def tk(out: Mut[Tensor]) -> None: ...
+
+    assert tk.generics(32, sg.f64).template_args == ("32", "double")
+    assert tk.generics("2 * 16", "float").template_args == ("2 * 16", "float")
+    for args, refused in (
+        ((sg.f32,), r"template parameter 1, `int B`, takes a value, and generics\(\) got 'float'"),
+        ((32, 8), r"template parameter 2, `typename T = float`, takes a type, and generics\(\) got '8'"),
+        (("1>(); int evil<2",), r"template argument '1>\(\); int evil<2' of `tk` is not one C\+\+ template argument"),
+        (("(3",), "is not one C"),
+    ):
+        with pytest.raises(SignatureError, match=refused) as info:
+            tk.generics(*args)
+        assert "help:" in str(info.value)
