@@ -109,7 +109,10 @@ _LENGTH = struct.Struct("!Q")
 # Connecting: a rank sends (rank, world size); rank 0 answers every rank with (world size, status)
 # once all have connected, so ranks started with different WORLD_SIZEs fail on every rank instead
 # of exchanging with the wrong number of peers.
-_HELLO = struct.Struct("!II")
+# Both begin with _MAGIC, so that another program on the port (a web server, a stray client) is
+# told from a rank instead of read as one.
+_HELLO = struct.Struct("!8sII")
+_MAGIC = b"sgboot1\0"
 _AGREED, _REFUSED = 0, 1
 
 
@@ -174,12 +177,15 @@ class SocketBootstrap:
                     conn, _ = listener.accept()
                     conn.settimeout(self.timeout)
                     conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                    peer, peer_world = _HELLO.unpack(_recv_exact(conn, _HELLO.size))
+                    magic, peer, peer_world = _HELLO.unpack(_recv_exact(conn, _HELLO.size))
                 except TimeoutError:
                     self._answer([*peers.values()], _REFUSED)
                     raise self._timeout(f"waiting for {world_size - 1 - len(peers)} rank(s) to connect") from None
                 except (ConnectionError, OSError):
                     continue  # a connection that closed before it said who it is: not one of the ranks
+                if magic != _MAGIC:  # another program's client: not one of the ranks
+                    conn.close()
+                    continue
                 if peer_world != world_size or not 0 < peer < world_size or peer in peers:
                     self._answer([*peers.values(), conn], _REFUSED)
                     raise self._disagree(
@@ -205,12 +211,21 @@ class SocketBootstrap:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self._root = conn
             try:
-                conn.sendall(_HELLO.pack(rank, world_size))
-                root_world, status = _HELLO.unpack(_recv_exact(conn, _HELLO.size))
+                conn.sendall(_HELLO.pack(_MAGIC, rank, world_size))
+                magic, root_world, status = _HELLO.unpack(_recv_exact(conn, _HELLO.size))
             except TimeoutError:
                 raise self._timeout("waiting for every rank to connect to rank 0") from None
             except (ConnectionError, OSError) as exc:
                 raise self._lost(exc) from exc
+            if magic != _MAGIC:
+                conn.close()
+                raise DistributedError(
+                    diagnostic(
+                        f"rank {rank} connected to {self.where}, and what answered there is not scopegraph's rank 0",
+                        ["another program listens on MASTER_ADDR:MASTER_PORT (or another version of scopegraph)"],
+                        help="set MASTER_PORT (or SCOPEGRAPH_BOOTSTRAP_PORT) to a free port, the same on every rank",
+                    )
+                )
             if root_world != world_size:
                 raise self._disagree(f"rank 0 runs with WORLD_SIZE={root_world}")
             if status != _AGREED:
@@ -220,7 +235,7 @@ class SocketBootstrap:
         """Rank 0's answer to the ranks that connected (best effort when refusing: they may be gone)."""
         for conn in conns:
             with contextlib.suppress(OSError):
-                conn.sendall(_HELLO.pack(self.world_size, status))
+                conn.sendall(_HELLO.pack(_MAGIC, self.world_size, status))
 
     def _disagree(self, what: str) -> DistributedError:
         return DistributedError(

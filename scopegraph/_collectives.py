@@ -275,6 +275,12 @@ class Collective(Captured):
         self.comm = comm
         self.kind = kind
         self.dst = borrowed_tensor(dst, True, kind, "dst")
+        if src is None and kind in ("all_gather", "reduce_scatter"):  # in place only where dst is src
+            part = "contributes (dst.size // world_size elements)" if kind == "all_gather" else "reduces"
+            raise SignatureError(
+                f"`{kind}` got src=None: it has no in-place form here, its src and dst differ in size\n"
+                f"help: pass the tensor this rank {part} as src"
+            )
         self.src = self.dst if src is None else borrowed_tensor(src, False, kind, "src")
         if op not in REDUCTIONS:
             raise SignatureError(f"`{kind}`: op={op!r} is not a reduction\nhelp: use one of {', '.join(REDUCTIONS)}")
@@ -585,6 +591,11 @@ def init_distributed(
     and ``SCOPEGRAPH_DEVICE`` does not say otherwise, else the host backend. A bare ``"cuda"`` also
     means this rank's GPU."""
     timeout = check_timeout(timeout)
+    if type(check_eager) is not bool:  # "no" would be truthy: the checks silently on
+        raise SignatureError(
+            f"init_distributed(check_eager=) takes True or False, not {check_eager!r}\n"
+            "help: pass check_eager=False to skip the per-call agreement check of eager collectives"
+        )
     if bootstrap is None or isinstance(bootstrap, str):
         boot = from_env(bootstrap, timeout)
     elif all(hasattr(bootstrap, name) for name in ("rank", "world_size", "kind", "allgather", "close")):

@@ -322,9 +322,10 @@ def may_wait(source: str, options: tuple[tuple[str, object], ...]) -> bool:
     (a macro's value) name neither ``cudaGridDependencySynchronize`` nor a ``griddepcontrol``
     instruction other than ``launch_dependents`` (the wait may be spelled in pieces, as
     ``"griddepcontrol" ".wait;"`` or through a stringizing macro) and the source includes nothing
-    (a header may wait). The host backend, which compiles nothing, refuses a ``pdl=True`` kernel
-    of which this is False; on sm_90+ the PTX check is exact."""
-    text = source + repr(options)
+    (a header may wait). Comments do not count: a wait commented out is none. The host backend,
+    which compiles nothing, refuses a ``pdl=True`` kernel of which this is False; on sm_90+ the
+    PTX check is exact."""
+    text = _uncommented(source) + repr(options)
     return (
         _A_WAIT.search(text) is not None
         or AN_INCLUDE.search(source) is not None
@@ -333,6 +334,11 @@ def may_wait(source: str, options: tuple[tuple[str, object], ...]) -> bool:
 
 
 _A_WAIT = re.compile(r"cudaGridDependencySynchronize|griddepcontrol(?!\.launch_dependents)")
+
+
+def _uncommented(source: str) -> str:
+    """``source`` without its comments; string literals kept (an asm statement spells the wait in one)."""
+    return _NOT_CODE.sub(lambda m: " " if m[0][0] == "/" else m[0], source)
 
 
 def without_comments(source: str) -> str:

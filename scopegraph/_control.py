@@ -303,6 +303,28 @@ def _check_flag(flag: object, what: str) -> Tensor:
     return flag
 
 
+class Branches(tuple[Body, Body]):
+    """What ``with s.if_else(flag) as (then, otherwise):`` unpacks: the two bodies. Used as one
+    body (``as then:``, then ``then.record(op)``) it says how to unpack it, where a plain tuple
+    would raise an AttributeError about tuples."""
+
+    __slots__ = ()
+
+    if not TYPE_CHECKING:  # mypy reports such a use itself: a tuple has no `record`
+
+        def __getattr__(self, name: str) -> object:
+            if name.startswith("__") or not hasattr(Body, name):
+                raise AttributeError(name)
+            raise ScopeStateError(
+                diagnostic(
+                    f"`{name}` of the bodies of an if_else: it gives two, the `then` and the `else`",
+                    ["`with s.if_else(flag) as then:` binds both to `then`"],
+                    help="unpack them: `with s.if_else(flag) as (then, otherwise):`, then `then.record(op)` "
+                    "and `otherwise.record(op)`",
+                )
+            )
+
+
 class Block(Generic[T_co]):
     """The ``with`` block of a loop or branch: opens its bodies, and on a clean exit records the
     whole loop or branch into its owner as one ControlNode."""
@@ -396,7 +418,7 @@ class Block(Generic[T_co]):
         owner._inner = self
         self._entered = self._open = True
         if self.kind == "if_else":
-            return (self.bodies[0], self.bodies[1])  # type: ignore[return-value]
+            return Branches(self.bodies)  # type: ignore[return-value]
         return self.bodies[0]  # type: ignore[return-value]
 
     def __exit__(

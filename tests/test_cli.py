@@ -195,6 +195,19 @@ def test_demo_log_output_has_a_line_per_step() -> None:
     assert "validation:" in done.stdout and ": OK" in done.stdout
 
 
+def test_a_reader_that_leaves_early_ends_the_command_quietly() -> None:
+    """`python -m scopegraph demo | head -1`: a BrokenPipeError traceback, exit 1. Now the exit
+    status of a writer killed by SIGPIPE, and nothing on stderr."""
+    command = [sys.executable, "-m", "scopegraph", "demo", "--device", "host", "--d", "8", "--layers", "1"]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        assert proc.stdout.readline().startswith(b"scopegraph demo on host")
+        proc.stdout.close()  # the reader leaves
+        stderr = proc.stderr.read().decode()
+        assert proc.wait(timeout=120) == 141, stderr
+    assert stderr == ""
+
+
 def test_demo_states_the_smaller_host_default(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run_main(["demo", "--device", "host", "--layers", "1", "--tokens", "1"], capsys)
     assert code == 0

@@ -250,6 +250,8 @@ def test_ranks_may_differ_in_where_their_data_is() -> None:
         (lambda c, d: c.all_reduce(d.zeros((2,))), "needs a mutable borrow"),
         (lambda c, d: c.all_reduce(d.zeros((2,), sg.i16).mut()), "cannot move i16 data"),
         (lambda c, d: sg.all_reduce(d.zeros((2,)).mut(), "comm"), "needs a Communicator, not str"),  # type: ignore[arg-type]
+        (lambda c, d: c.all_gather(d.zeros((2,)).mut(), None), "`all_gather` got src=None"),
+        (lambda c, d: c.reduce_scatter(d.zeros((2,)).mut(), None), "`reduce_scatter` got src=None"),
     ],
 )
 def test_collectives_check_their_arguments(make: object, message: str) -> None:
@@ -462,6 +464,9 @@ def test_init_distributed_refuses_arguments_of_the_wrong_type() -> None:
     for timeout in ("x", 0, -1.0, float("nan"), float("inf"), True):
         with pytest.raises(sg.SignatureError, match=r"timeout= takes a positive number of seconds(.|\n)*help: "):
             sg.init_distributed("host", bootstrap="single", timeout=timeout)  # type: ignore[arg-type]
+    for check_eager in ("no", 0, None):
+        with pytest.raises(sg.SignatureError, match=r"check_eager=\) takes True or False(.|\n)*help: "):
+            sg.init_distributed("host", bootstrap="single", check_eager=check_eager)  # type: ignore[arg-type]
     with pytest.raises(sg.DistributedError, match=r"bootstrap='tcp' is not a bootstrap\nhelp: use one of"):
         sg.init_distributed("host", bootstrap="tcp")
     assert sg.init_distributed("host", bootstrap="single", timeout=5).world_size == 1
@@ -502,6 +507,48 @@ def test_the_socket_bootstrap_names_the_variable_to_fix(monkeypatch: pytest.Monk
     _socket_env(monkeypatch, LOCAL_RANK="one")
     with pytest.raises(sg.DistributedError, match=r"LOCAL_RANK='one' is not a process index\nhelp: set LOCAL_RANK"):
         sg.init_distributed("cuda", bootstrap=SingleBootstrap())
+
+
+def test_another_program_on_the_bootstrap_port_is_not_taken_for_a_rank() -> None:
+    """A web server on MASTER_PORT answered rank 1, which read "HTTP" as rank 0's WORLD_SIZE
+    (1213486160) and blamed the launch environment; a stray client made rank 0 abort."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+
+        def answer() -> None:
+            conn, _ = server.accept()
+            with conn:
+                conn.recv(64)
+                conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+
+        threading.Thread(target=answer, daemon=True).start()
+        with pytest.raises(sg.DistributedError, match=r"is not scopegraph's rank 0(.|\n)*help: set MASTER_PORT"):
+            SocketBootstrap(1, 2, "127.0.0.1", server.getsockname()[1], timeout=10.0)
+    port = free_port()
+    ranks: list[Any] = []
+
+    def stray_then_rank() -> None:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                stray = socket.create_connection(("127.0.0.1", port))
+                break
+            except OSError:
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+        with stray:
+            stray.sendall(b"GET / HTTP/1.1\r\n\r\n")
+            ranks.append(SocketBootstrap(1, 2, "127.0.0.1", port, timeout=10.0))
+
+    helper = threading.Thread(target=stray_then_rank, daemon=True)
+    helper.start()
+    root = SocketBootstrap(0, 2, "127.0.0.1", port, timeout=10.0)
+    helper.join(10)
+    try:
+        assert len(ranks) == 1 and root.world_size == 2
+    finally:
+        root.close()
+        for rank in ranks:
+            rank.close()
 
 
 def test_the_tensor_parallel_demo_refuses_a_width_the_ranks_cannot_split() -> None:

@@ -343,6 +343,24 @@ def test_if_else_takes_exactly_one_side(sg_device: sg.Device, sg_stream: sg.Stre
         assert g.nodes[0].op.label() == "if_else(cond) [1 | 2 nodes]"
 
 
+def test_the_bodies_of_an_if_else_used_as_one_say_how_to_unpack_them(
+    sg_device: sg.Device, sg_stream: sg.Stream
+) -> None:
+    """`with s.if_else(flag) as then:` binds both bodies to `then`: `then.record(op)` raised
+    AttributeError ('tuple' object has no attribute 'record'). The scope is left as if it raised."""
+    flag, x = sg_device.zeros((1,), sg.i32, name="cond"), sg_device.zeros((4,), name="x")
+    with (
+        pytest.raises(sg.ScopeStateError, match="it gives two") as info,
+        CudaGraph.scope(sg_stream) as s,
+        s.if_else(flag) as then,
+    ):
+        then.record(library.add_scalar_op(x.mut(), 1.0))  # type: ignore[attr-defined]
+    assert "help: unpack them: `with s.if_else(flag) as (then, otherwise):`" in str(info.value)
+    assert not hasattr(then, "no_such_thing")
+    x.free()  # nothing pinned
+    assert_stream_usable(sg_stream)
+
+
 def test_a_branch_with_an_empty_side_and_a_loop_inside_a_branch(sg_device: sg.Device, sg_stream: sg.Stream) -> None:
     go, n, x = i32(sg_device, 1, "go"), sg_device.zeros((1,), sg.i32, name="n"), sg_device.zeros((2,), name="x")
     with CudaGraph.scope(sg_stream) as s:

@@ -765,11 +765,11 @@ def test_names_come_from_whichever_declaration_spells_them() -> None:
 
 TYPED = r"""
 extern "C" __global__ void typed(float* out, const double* x, const int* index, const uint4* raw, void* any,
-                                 const __half* h, int n) {}
+                                 int n) {}
 """
 
 
-def _typed(out: Mut[Tensor], x: Tensor, index: Tensor, raw: Tensor, any: Tensor, h: Tensor, n: sg.i32) -> None: ...
+def _typed(out: Mut[Tensor], x: Tensor, index: Tensor, raw: Tensor, any: Tensor, n: sg.i32) -> None: ...
 
 
 def test_a_tensor_of_another_dtype_than_its_cpp_pointer_is_refused_on_every_backend(
@@ -785,9 +785,9 @@ def test_a_tensor_of_another_dtype_than_its_cpp_pointer_is_refused_on_every_back
 
     def launch(**changed: Tensor) -> sg.KernelLaunch:
         given = {"out": z((8,), name="out"), "x": z((8,), sg.f64, name="x"), "index": z((8,), sg.i32, name="i")}
-        given |= {"raw": z((8,), sg.f16, name="r"), "any": z((8,), sg.i64, name="a"), "h": z((8,), sg.f16, name="h")}
+        given |= {"raw": z((8,), sg.f16, name="r"), "any": z((8,), sg.i64, name="a")}
         given |= changed
-        return k[1, 8](given["out"].mut(), given["x"], given["index"], given["raw"], given["any"], given["h"], 8)
+        return k[1, 8](given["out"].mut(), given["x"], given["index"], given["raw"], given["any"], 8)
 
     sg_stream.run(launch())
     sg_stream.run(launch(index=z((8,), sg.u32, name="u"), raw=z((8,), name="f"), any=z((8,), sg.u8, name="b")))
@@ -799,11 +799,10 @@ def test_a_tensor_of_another_dtype_than_its_cpp_pointer_is_refused_on_every_back
         ),
         ({"x": z((8,), name="narrow")}, r"`x` got `narrow` of dtype f32, .* is `const double\* x`"),
         ({"index": z((8,), sg.i64, name="long")}, r"`index` got `long` of dtype i64"),
-        ({"h": z((8,), sg.i16, name="bits")}, r"`h` got `bits` of dtype i16, .* is `const __half\* h`"),
     ):
         with pytest.raises(SignatureError, match=refused) as info:
             launch(**changed)
-        takes = {"out": "sg.f32", "x": "sg.f64", "index": "sg.i32 or sg.u32", "h": "sg.f16"}[next(iter(changed))]
+        takes = {"out": "sg.f32", "x": "sg.f64", "index": "sg.i32 or sg.u32"}[next(iter(changed))]
         assert f"help: pass a tensor of {takes} (or sg.u8 bytes)" in str(info.value)
     out = z((8,), name="out")
     sg_stream.run(library.fill_op(out.mut(), 2.0))  # the stream is still usable
@@ -821,17 +820,16 @@ def test_a_declared_dtype_its_cpp_pointer_does_not_take_is_refused() -> None:
         index: Tensor,
         raw: Tensor,
         any: Tensor,
-        h: Tensor,
         n: sg.i32,
     ) -> None: ...
 
     typed_wrongly.host(lambda *args: None)
     dev = sg.device("host")
-    out, x, index, raw, any, h = (dev.zeros((8,), d) for d in (sg.f64, sg.f64, sg.i32, sg.f32, sg.f32, sg.f16))
+    out, x, index, raw, any = (dev.zeros((8,), d) for d in (sg.f64, sg.f64, sg.i32, sg.f32, sg.f32))
     with pytest.raises(
         SignatureError, match=r"parameter 1, `out`, is declared sg.f64, and the C\+\+ parameter is `float\* out`"
     ) as info:
-        typed_wrongly[1, 8](out.mut(), x, index, raw, any, h, 8)
+        typed_wrongly[1, 8](out.mut(), x, index, raw, any, 8)
     assert "help: declare it sg.f32 (or sg.u8 bytes), or make the C++ parameter point to double" in str(info.value)
 
 

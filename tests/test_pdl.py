@@ -278,8 +278,12 @@ def test_the_host_backend_refuses_a_pdl_kernel_whose_source_never_waits() -> Non
     with pytest.raises(sg.PdlWaitError):
         stream.run(forgets[1, 32](out.mut(), 8))
     triggers_only = declare(never.replace(body, 'asm volatile("griddepcontrol.launch_dependents;"); ' + body))
-    with pytest.raises(sg.PdlWaitError):
-        stream.run(triggers_only[1, 32](out.mut(), 8))
+    commented_out = declare(
+        never.replace(body, "/* cudaGridDependencySynchronize(); */ // griddepcontrol.wait\n" + body)
+    )
+    for refused_kernel in (triggers_only, commented_out):
+        with pytest.raises(sg.PdlWaitError):
+            stream.run(refused_kernel[1, 32](out.mut(), 8))
     assert_stream_usable(stream)
     out.free()  # the refused scope pinned nothing
     out = dev.zeros((8,), name="out")
