@@ -23,9 +23,11 @@ left, and how long after that the next kernel's wait returned.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -50,6 +52,10 @@ class Case(NamedTuple):
     second_rows: int = 1
     warps: int = library.MATVEC_WARPS  # warps a matvec block (one row each); macros set the matching bounds
     base: bool = False  # every kernel from the --baseline source (another version of library.cu)
+    # Memory synchronization domains the graph's kernel nodes cycle through (0: all in the default
+    # one): a kernel's completion flush orders only its own domain's memory operations, so it
+    # need not wait for the weight loads of the next kernels in flight beside it.
+    domains: int = 0
 
 
 NO_BOUNDS = ("SG_MATVEC_BOUNDS=",)  # no register cap (2 matvec blocks an SM instead of 3)
@@ -98,6 +104,11 @@ CASES: list[Case] = [
     Case("fused, 6 warps a block", "fused", ("SG_MATVEC_BOUNDS=__launch_bounds__(192,4)",), warps=6),
     Case("fused, 12 warps a block", "fused", ("SG_MATVEC_BOUNDS=__launch_bounds__(384,2)",), warps=12),
     Case("4k, 12 warps a block", "kernels", ("SG_MATVEC_BOUNDS=__launch_bounds__(384,2)",), warps=12),
+    Case("fused, 2 sync domains", "fused", domains=2),
+    Case("fused, 3 sync domains", "fused", domains=3),
+    Case("fused, 4 sync domains", "fused", domains=4),
+    Case("4k, 2 sync domains", "kernels", domains=2),
+    Case("4k, 4 sync domains", "kernels", domains=4),
 ]
 TRACED = ("4k", "fused")
 # d=512 x 22 (launch-bound: the weights nearly fit in L2).
@@ -186,11 +197,43 @@ def _resources(dev: sg.Device, k: Kernel[Any]) -> str:
     return f"{k.cpp_name} {attributes.num_regs} regs, {attributes.local_size_bytes} B local"
 
 
-def graph(stream: sg.Stream, ops: list[Any], pdl: bool) -> CudaGraph:
-    with CudaGraph.scope(stream, pdl=pdl) as s:
+def graph(stream: sg.Stream, ops: list[Any], pdl: bool, domains: int = 0) -> CudaGraph:
+    with in_domains(domains), CudaGraph.scope(stream, pdl=pdl) as s:
         for op in ops:
             s.record(op)
     return s.graph
+
+
+@contextlib.contextmanager
+def in_domains(domains: int) -> Iterator[None]:
+    """While a graph is built: its kernel nodes in memory synchronization domains 0, 1, ...,
+    domains - 1, 0, ... in record order (cuGraphKernelNodeSetAttribute, the domain map)."""
+    if not domains:
+        yield
+        return
+    from cuda.bindings import driver
+
+    from scopegraph._backends import _cuda
+
+    original = _cuda.CudaBackend._add_node
+    count = [0]
+
+    def add_node(self: Any, parent: Any, op: Any, in_body: bool) -> Any:
+        node = original(self, parent, op, in_body)
+        if type(op) is sg.KernelLaunch:
+            value = driver.CUkernelNodeAttrValue()
+            value.memSyncDomainMap.default_ = value.memSyncDomainMap.remote = count[0] % domains
+            count[0] += 1
+            attribute = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP
+            (err,) = driver.cuGraphKernelNodeSetAttribute(node.handle, attribute, value)
+            assert err == driver.CUresult.CUDA_SUCCESS, err
+        return node
+
+    _cuda.CudaBackend._add_node = add_node  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        _cuda.CudaBackend._add_node = original  # type: ignore[method-assign]
 
 
 def run_size(dev: sg.Device, stream: sg.Stream, d: int, cases: list[Case], read_only: float) -> None:
@@ -208,7 +251,7 @@ def run_size(dev: sg.Device, stream: sg.Stream, d: int, cases: list[Case], read_
             print(f"d={d:4} {case.label:<40} " + ", ".join(_resources(dev, k) for k in ks), flush=True)
         got = {}
         for pdl in (True, False):
-            g = graph(stream, ops, pdl)
+            g = graph(stream, ops, pdl, case.domains)
             graphs.append(g)
             g.update(sg.memcpy(model.hidden.mut(), start))
             for _ in range(3):
@@ -394,6 +437,10 @@ def main() -> int:
     stream = dev.stream()
     t0 = time.perf_counter()
     big = Config(d=2048, n_layers=22)
+    from cuda.bindings import driver
+
+    count = driver.cuDeviceGetAttribute(driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MEM_SYNC_DOMAIN_COUNT, dev.index)
+    print(f"memory synchronization domains: {count[1]}")
     bw = bandwidths(dev, big.weight_bytes)
     print("bandwidths GB/s: " + ", ".join(f"{k} {v / 1e9:.0f}" for k, v in bw.items()), flush=True)
     if args.trace:
