@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import select
 import signal
 import sys
 from pathlib import Path
@@ -231,10 +232,27 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     except KeyboardInterrupt:
         print(f"{parser.prog}: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:  # the reader left (`| head`): stop quietly, as a killed writer would
-        # Python flushes stdout again at exit, into the closed pipe: point it at nothing first.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 128 + signal.SIGPIPE
+    except BrokenPipeError:
+        if not _reader_left():
+            raise
+        return 128 + signal.SIGPIPE  # stop quietly, as a writer killed by SIGPIPE would
+
+
+def _reader_left() -> bool:
+    """Whether stdout is a pipe whose reader has gone (`| head`: poll says POLLERR), not some other
+    broken pipe; if so, stdout now writes nowhere, for Python flushes it again at exit."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # replaced by an in-memory stream
+        return False
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    if not any(events & select.POLLERR for _, events in poller.poll(0)):
+        return False
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
+    return True
 
 
 if __name__ == "__main__":

@@ -110,9 +110,12 @@ _LENGTH = struct.Struct("!Q")
 # once all have connected, so ranks started with different WORLD_SIZEs fail on every rank instead
 # of exchanging with the wrong number of peers.
 # Both begin with _MAGIC, so that another program on the port (a web server, a stray client) is
-# told from a rank instead of read as one.
-_HELLO = struct.Struct("!8sII")
-_MAGIC = b"sgboot1\0"
+# told from a rank instead of read as one; it ends as an HTTP request's head does, so that a web
+# server answers it (with an error) rather than wait for more.
+_MAGIC = b"SCOPEGRAPH-BOOTSTRAP/1\r\n\r\n"
+_HELLO = struct.Struct(f"!{len(_MAGIC)}sII")
+# A rank sends its hello as soon as it connects: a connection silent for this long is not one.
+_HELLO_SECONDS = 5.0
 _AGREED, _REFUSED = 0, 1
 
 
@@ -175,14 +178,17 @@ class SocketBootstrap:
             while len(peers) < world_size - 1:
                 try:
                     conn, _ = listener.accept()
-                    conn.settimeout(self.timeout)
-                    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                    magic, peer, peer_world = _HELLO.unpack(_recv_exact(conn, _HELLO.size))
                 except TimeoutError:
                     self._answer([*peers.values()], _REFUSED)
                     raise self._timeout(f"waiting for {world_size - 1 - len(peers)} rank(s) to connect") from None
-                except (ConnectionError, OSError):
-                    continue  # a connection that closed before it said who it is: not one of the ranks
+                try:
+                    conn.settimeout(min(self.timeout, _HELLO_SECONDS))
+                    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    magic, peer, peer_world = _HELLO.unpack(_recv_exact(conn, _HELLO.size))
+                    conn.settimeout(self.timeout)
+                except (ConnectionError, OSError):  # TimeoutError too: silent, or closed before its hello
+                    conn.close()
+                    continue
                 if magic != _MAGIC:  # another program's client: not one of the ranks
                     conn.close()
                     continue

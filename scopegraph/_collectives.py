@@ -591,7 +591,7 @@ def init_distributed(
     and ``SCOPEGRAPH_DEVICE`` does not say otherwise, else the host backend. A bare ``"cuda"`` also
     means this rank's GPU."""
     timeout = check_timeout(timeout)
-    if type(check_eager) is not bool:  # "no" would be truthy: the checks silently on
+    if not isinstance(check_eager, (bool, np.bool_)):  # "no" would be truthy: the checks silently on
         raise SignatureError(
             f"init_distributed(check_eager=) takes True or False, not {check_eager!r}\n"
             "help: pass check_eager=False to skip the per-call agreement check of eager collectives"
@@ -607,7 +607,7 @@ def init_distributed(
             "allgather() and close(), or leave it out to pick from the launcher's environment"
         )
     try:
-        return Communicator(device(_rank_device(dev, boot.rank)), boot, check_eager)
+        return Communicator(device(_rank_device(dev, boot.rank)), boot, bool(check_eager))
     except BaseException:
         if boot is not bootstrap:  # made here: let its port go
             boot.close()

@@ -325,10 +325,10 @@ def may_wait(source: str, options: tuple[tuple[str, object], ...]) -> bool:
     (a header may wait). Comments do not count: a wait commented out is none. The host backend,
     which compiles nothing, refuses a ``pdl=True`` kernel of which this is False; on sm_90+ the
     PTX check is exact."""
-    text = _uncommented(source) + repr(options)
+    code = _uncommented(source)
     return (
-        _A_WAIT.search(text) is not None
-        or AN_INCLUDE.search(source) is not None
+        _A_WAIT.search(code + repr(options)) is not None
+        or AN_INCLUDE.search(code) is not None
         or "include" in repr(options)  # a header put before the source (pre_include)
     )
 

@@ -379,12 +379,16 @@ class CParam(NamedTuple):
 
 class CDeclaration(NamedTuple):
     """A kernel's C++ declaration as its source spells it: its parameters (named, where one of its
-    declarations names them all), and the sizes and kinds ("f": a floating-point type, "i": an
-    integer) of the source's typedefs and ``using`` aliases of sized types."""
+    declarations names them all), and the sizes of the source's typedefs and ``using`` aliases of
+    sized types, with the type each one names (an alias of an alias resolved)."""
 
     params: tuple[CParam, ...]
     aliases: dict[str, int]
-    alias_kinds: dict[str, str]
+    alias_targets: dict[str, str]
+
+    def resolved(self, c_type: str) -> str:
+        """``c_type`` itself, or the type the alias ``c_type`` names."""
+        return self.alias_targets.get(c_type, c_type)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -395,14 +399,13 @@ class CDeclaration(NamedTuple):
     def kind(self, c_type: str) -> str | None:
         """The kind of a value of ``c_type``: "f", "bf16", "b" (bool) or "i"; None for a type of no
         known size, or a vector type."""
+        c_type = self.resolved(c_type)
         if c_type in ("__nv_bfloat16", "nv_bfloat16"):
             return "bf16"
         if c_type in _FLOAT_TYPES:
             return "f"
         if c_type == "bool":
             return "b"
-        if c_type in self.alias_kinds:
-            return self.alias_kinds[c_type]
         return "i" if _c_type_bytes(c_type, self.aliases) and not _VECTOR.fullmatch(c_type) else None
 
 
@@ -413,15 +416,14 @@ def declared_parameters(source: str, cpp_name: str) -> CDeclaration | None:
     that differ."""
     code = code_only(source)
     aliases: dict[str, int] = {}
-    alias_kinds: dict[str, str] = {}
+    targets: dict[str, str] = {}
     for alias in _ALIASES.finditer(code):  # in source order: an alias of an earlier alias too
         target, name = (alias[1], alias[2]) if alias[2] else (alias[4], alias[3])
         bare = " ".join(_QUALIFIERS.sub(" ", target).split())
         size = _c_type_bytes(bare, aliases)
         if size:
             aliases[name] = size
-            if bare in _FLOAT_TYPES or alias_kinds.get(bare) == "f":
-                alias_kinds[name] = "f"
+            targets[name] = targets.get(bare, bare)
     found: dict[tuple[object, ...], tuple[CParam, ...]] = {}
     for call in re.finditer(rf"\b{re.escape(cpp_name)}\s*\(", code):
         start = max(code.rfind(mark, 0, call.start()) for mark in ";{}")
@@ -438,7 +440,7 @@ def declared_parameters(source: str, cpp_name: str) -> CDeclaration | None:
     if len(found) != 1:
         return None
     (params,) = found.values()
-    return CDeclaration(params, aliases, alias_kinds)
+    return CDeclaration(params, aliases, targets)
 
 
 def _canonical(param: CParam, aliases: dict[str, int]) -> object:
@@ -505,7 +507,7 @@ def pointee_dtypes(params: tuple[KernelParam, ...], declared: CDeclaration | Non
     """Per Python parameter, the tensor dtypes its C++ pointer takes: ``float*`` an sg.f32 tensor,
     ``int*`` an sg.i32 or sg.u32 one, and any pointer an sg.u8 tensor, its bytes (``touches=``
     then counts the kernel's elements in them); empty where any dtype goes (a scalar, ``void*``,
-    bytes, integer vectors, a type no rule knows) or the declarations do not line up
+    bytes, vector types, a type no rule knows) or the declarations do not line up
     (check_c_parameters says so)."""
     if declared is None or len(declared.params) != len(params):
         return ((),) * len(params)
@@ -517,16 +519,11 @@ def pointee_dtypes(params: tuple[KernelParam, ...], declared: CDeclaration | Non
 def _pointee_dtypes(c: CParam, declared: CDeclaration) -> tuple[DType, ...]:
     if not c.pointer or "*" in c.type:
         return ()
-    c_type = c.type
+    c_type = declared.resolved(c.type)
     if c_type in ("__half2", "half2"):
         return (float16,)
-    if c_type in ("__nv_bfloat162", "nv_bfloat162"):
-        return (int16,)
-    vector = _VECTOR.fullmatch(c_type)
-    if vector:  # float4: floats; an integer vector (uint4) is as often 16 raw bytes of any dtype
-        if not vector[3]:
-            return ()
-        c_type = vector[3]
+    if c_type in ("__nv_bfloat162", "nv_bfloat162") or _VECTOR.fullmatch(c_type):
+        return ()  # a vector type (uint4, float4) is as often 16 raw bytes of any dtype
     size, kind = _c_type_bytes(c_type, declared.aliases), declared.kind(c_type)
     if size is None or kind is None:
         return ()
@@ -548,8 +545,7 @@ def pointee_problem(dtype: DType, c: CParam, allowed: tuple[DType, ...]) -> tupl
     return (
         f"the C++ parameter is `{_spelling(c, named=True)}`: the kernel would read {dtype.spelling} elements "
         f"as `{c.type}`",
-        f"pass a tensor of {takes} (or sg.u8 bytes), or make the C++ parameter point to {dtype.ctype} "
-        f"({dtype.spelling})",
+        f"pass a tensor of {takes}, or make the C++ parameter point to {dtype.ctype} ({dtype.spelling})",
     )
 
 
@@ -598,19 +594,26 @@ def check_c_parameters(kernel: Kernel[Any], declared: CDeclaration | None) -> No
             )
 
 
+# The name of each __global__ function a source defines (after its return type and any
+# __launch_bounds__(...)), for the message of a kernel it does not name.
+_KERNEL_NAME = re.compile(r"\b__global__\s+(?:[\w:<>,\s*&]*?\s)?(?:__launch_bounds__\s*\([^)]*\)\s*)?(\w+)\s*\(")
+
+
 def _check_named(kernel: Kernel[Any]) -> None:
     """Refuse a kernel whose source never names it (the host backend would run its reference; a
     GPU finds no such kernel to load), unless something the source does not show may define it:
-    an included header, token pasting (``##``), a macro given in the options. An empty source is
-    a declaration for the host backend alone (tests of a reference), not a misnamed kernel."""
+    an included header (or one the options put before it), token pasting (``##``), a macro given
+    in the options. An empty source is a declaration for the host backend alone (tests of a
+    reference), not a misnamed kernel."""
     source = kernel.source
-    macro_option = any(name == "define_macro" for name, _ in kernel.options)
-    if not code_only(source).strip() or "##" in source or AN_INCLUDE.search(source) or macro_option:
+    option_code = any(name in ("define_macro", "pre_include") for name, _ in kernel.options)
+    text = without_comments(source)  # a #define may be what names it
+    if not code_only(source).strip() or "##" in source or AN_INCLUDE.search(text) or option_code:
         return
     name = kernel.cpp_name.rsplit("::", 1)[-1]
-    if re.search(rf"\b{re.escape(name)}\b", code_only(source)):
+    if re.search(rf"\b{re.escape(name)}\b", text):
         return
-    defined = sorted(set(re.findall(r"\b__global__\s+(?:[\w:<>,\s*&]*?\s)?(\w+)\s*\(", code_only(source))))
+    defined = sorted(set(_KERNEL_NAME.findall(code_only(source))))
     raise SignatureError(
         diagnostic(
             f"kernel `{kernel.cpp_name}` is not in its source",
@@ -1096,8 +1099,8 @@ def _check_template_args(kernel: Kernel[Any], args: tuple[object, ...], key: tup
                 diagnostic(
                     f"template argument {text!r} of `{kernel.cpp_name}` is not one C++ template argument",
                     ["C++ text is pasted into the instantiation as it is"],
-                    help="pass an int or bool for a value parameter, a dtype (sg.f32) for a type one, "
-                    "or the C++ text of one type or constant expression",
+                    help="pass each template argument on its own: an int or bool for a value parameter, a dtype "
+                    '(sg.f32) for a type one, or C++ text, a comparison or shift in parentheses ("(64 >> 1)")',
                 )
             )
     given = len(key)
@@ -1132,8 +1135,10 @@ def _check_template_args(kernel: Kernel[Any], args: tuple[object, ...], key: tup
         )
     for position, (arg, parameter) in enumerate(zip(args, parameters, strict=False)):
         takes_type = _TYPE_PARAMETER.fullmatch(parameter) is not None
-        if isinstance(arg, str) or parameter.lstrip().startswith("template"):
-            continue  # C++ text, or a template template parameter: the compiler's to judge
+        first_word = parameter.split()[0] if parameter.split() else ""
+        takes_value = first_word in _INTEGER_WORDS or first_word in _C_SIZES or first_word in ("auto", "std::size_t")
+        if isinstance(arg, str) or takes_type == takes_value:
+            continue  # C++ text, or a parameter of another form (`std::integral T`, a template template one)
         gives_type = not isinstance(arg, (bool, np.bool_, int, np.integer))
         if takes_type != gives_type:
             raise SignatureError(
@@ -1153,16 +1158,21 @@ _TYPE_PARAMETER = re.compile(r"\s*(?:typename|class)\b\s*(?:\.\.\.)?\s*(?:\w+)?\
 
 
 def _one_argument(text: str) -> bool:
-    """Whether C++ text can be one template argument: no statement or block, brackets balanced."""
+    """Whether C++ text can be one template argument: no statement or block, brackets balanced,
+    and no `,` or `>` outside them that would end the argument (a comparison or a shift goes in
+    parentheses: ``"(64 >> 1)"``)."""
     if not text.strip() or any(c in text for c in ";{}"):
         return False
-    depth = 0
+    parens = angles = 0
     for char in text:
-        depth += {"(": 1, "[": 1, ")": -1, "]": -1}.get(char, 0)
-        if depth < 0:
+        parens += {"(": 1, "[": 1, ")": -1, "]": -1}.get(char, 0)
+        if parens == 0:
+            angles += {"<": 1, ">": -1}.get(char, 0)
+            if angles < 0 or (char == "," and angles == 0):
+                return False
+        if parens < 0:
             return False
-    angles = text.count("<") - text.count(">")
-    return depth == 0 and (angles == 0 or "(" in text)  # `(3 > 2)`: a comparison inside parentheses
+    return parens == 0 and angles == 0
 
 
 def _c_linkage(source: str, name: str) -> bool:
@@ -1633,7 +1643,7 @@ def _make_binder(kernel: Kernel[Any], pointees: tuple[tuple[DType, ...], ...]) -
             spec.append(f"len(t{i}.shape) != {int(p.rank)}")
         if spec:
             lines += [f"    if {' or '.join(spec)}:", f"        op._spec_error(P{i}, t{i})"]
-        elif pointees[i]:  # (a declared dtype was checked against the pointer by check_c_parameters)
+        if p.dtype is None and pointees[i]:  # (a declared one was checked against the pointer by check_c_parameters)
             ns[f"K{i}"] = pointees[i]
             ns.update({f"K{i}_{j}": d for j, d in enumerate(pointees[i])})
             unlike = [f"t{i}.dtype is not K{i}_{j}" for j in range(len(pointees[i]))] + [f"t{i}.dtype is not RAW"]

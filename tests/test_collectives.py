@@ -5,6 +5,7 @@ under torchrun."""
 
 from __future__ import annotations
 
+import http.server
 import re
 import socket
 import subprocess
@@ -18,7 +19,7 @@ import numpy as np
 import pytest
 
 import scopegraph as sg
-from scopegraph import CudaGraph, library
+from scopegraph import CudaGraph, _bootstrap, library
 from scopegraph._bootstrap import SingleBootstrap, SocketBootstrap
 from scopegraph._driver import cuda_device_count
 
@@ -509,35 +510,32 @@ def test_the_socket_bootstrap_names_the_variable_to_fix(monkeypatch: pytest.Monk
         sg.init_distributed("cuda", bootstrap=SingleBootstrap())
 
 
-def test_another_program_on_the_bootstrap_port_is_not_taken_for_a_rank() -> None:
+def test_another_program_on_the_bootstrap_port_is_not_taken_for_a_rank(monkeypatch: pytest.MonkeyPatch) -> None:
     """A web server on MASTER_PORT answered rank 1, which read "HTTP" as rank 0's WORLD_SIZE
-    (1213486160) and blamed the launch environment; a stray client made rank 0 abort."""
-    with socket.create_server(("127.0.0.1", 0)) as server:
-
-        def answer() -> None:
-            conn, _ = server.accept()
-            with conn:
-                conn.recv(64)
-                conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
-
-        threading.Thread(target=answer, daemon=True).start()
+    (1213486160) and blamed the launch environment; a stray client made rank 0 abort, and one that
+    said nothing held it until the timeout."""
+    with http.server.HTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler) as web:
+        threading.Thread(target=web.handle_request, daemon=True).start()
         with pytest.raises(sg.DistributedError, match=r"is not scopegraph's rank 0(.|\n)*help: set MASTER_PORT"):
-            SocketBootstrap(1, 2, "127.0.0.1", server.getsockname()[1], timeout=10.0)
+            SocketBootstrap(1, 2, "127.0.0.1", web.server_address[1], timeout=10.0)
+    monkeypatch.setattr(_bootstrap, "_HELLO_SECONDS", 0.2)
     port = free_port()
     ranks: list[Any] = []
 
-    def stray_then_rank() -> None:
+    def connect() -> socket.socket:
         deadline = time.monotonic() + 10
         while True:
             try:
-                stray = socket.create_connection(("127.0.0.1", port))
-                break
+                return socket.create_connection(("127.0.0.1", port))
             except OSError:
                 assert time.monotonic() < deadline
                 time.sleep(0.02)
-        with stray:
+
+    def stray_then_rank() -> None:
+        with connect() as silent, connect() as stray:
             stray.sendall(b"GET / HTTP/1.1\r\n\r\n")
             ranks.append(SocketBootstrap(1, 2, "127.0.0.1", port, timeout=10.0))
+            assert silent.fileno() >= 0  # held open, silent, until rank 1 is in
 
     helper = threading.Thread(target=stray_then_rank, daemon=True)
     helper.start()

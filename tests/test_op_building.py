@@ -803,7 +803,7 @@ def test_a_tensor_of_another_dtype_than_its_cpp_pointer_is_refused_on_every_back
         with pytest.raises(SignatureError, match=refused) as info:
             launch(**changed)
         takes = {"out": "sg.f32", "x": "sg.f64", "index": "sg.i32 or sg.u32"}[next(iter(changed))]
-        assert f"help: pass a tensor of {takes} (or sg.u8 bytes)" in str(info.value)
+        assert f"help: pass a tensor of {takes}, or make the C++ parameter point to" in str(info.value)
     out = z((8,), name="out")
     sg_stream.run(library.fill_op(out.mut(), 2.0))  # the stream is still usable
     assert out.numpy().tolist() == [2.0] * 8
@@ -830,7 +830,79 @@ def test_a_declared_dtype_its_cpp_pointer_does_not_take_is_refused() -> None:
         SignatureError, match=r"parameter 1, `out`, is declared sg.f64, and the C\+\+ parameter is `float\* out`"
     ) as info:
         typed_wrongly[1, 8](out.mut(), x, index, raw, any, 8)
-    assert "help: declare it sg.f32 (or sg.u8 bytes), or make the C++ parameter point to double" in str(info.value)
+    assert "help: declare it sg.f32, or make the C++ parameter point to double (sg.f64)" in str(info.value)
+
+
+ALIASED_POINTEES = r"""
+typedef float2 cplx;
+using real = float;
+typedef real real_too;
+typedef __half2 h2;
+typedef int index_t;
+extern "C" __global__ void pointees(cplx* c, real_too* r, h2* h, bool* flags, float4* v, index_t* i, float* ranked) {}
+"""
+
+
+def test_pointee_types_behind_aliases_vectors_and_bools() -> None:
+    """An alias counts as the type it names (a typedef of float2 was read as an 8-byte integer and
+    refused f32 data); vector types take any dtype (float4 is a 16-byte copy type as often as four
+    floats); a bool* takes 1-byte elements; a parameter that declares only its rank still gets its
+    dtype checked, and one that declares sg.u8 (bytes) goes to any pointer."""
+
+    @sg.kernel(ALIASED_POINTEES)
+    def pointees(
+        c: Mut[Tensor],
+        r: Tensor,
+        h: Tensor,
+        flags: Tensor,
+        v: Tensor,
+        i: Tensor,
+        ranked: Annotated[Tensor, sg.TensorSpec(rank=1)],
+    ) -> None: ...
+
+    pointees.host(lambda *args: None)
+    dev = sg.device("host")
+    z = dev.zeros
+
+    def launch(**changed: Tensor) -> sg.KernelLaunch:
+        given = {"c": z((8,), name="c"), "r": z((8,), name="r"), "h": z((8,), sg.f16, name="h")}
+        given |= {"flags": z((8,), bool, name="f"), "v": z((8,), sg.f16, name="v"), "i": z((8,), sg.i32, name="i")}
+        given |= {"ranked": z((8,), name="ranked")} | changed
+        return pointees[1, 1](
+            given["c"].mut(), given["r"], given["h"], given["flags"], given["v"], given["i"], given["ranked"]
+        )
+
+    launch()
+    launch(flags=z((8,), sg.u8, name="u8"), v=z((8,), sg.i64, name="longs"), i=z((8,), sg.u32, name="u"))
+    launch(c=z((8,), sg.f64, name="doubles"))  # a float2 (a vector type) takes any dtype
+    for changed, refused in (
+        (
+            {"r": z((8,), sg.i32, name="ints")},
+            r"`r` got `ints` of dtype i32, and the C\+\+ parameter is `real_too\* r`",
+        ),
+        ({"h": z((8,), name="floats")}, r"`h` got `floats` of dtype f32"),
+        ({"flags": z((8,), name="wide")}, r"`flags` got `wide` of dtype f32"),
+        ({"i": z((8,), name="float_index")}, r"`i` got `float_index` of dtype f32"),
+        ({"ranked": z((8,), sg.f64, name="wide_ranked")}, r"`ranked` got `wide_ranked` of dtype f64"),
+    ):
+        with pytest.raises(SignatureError, match=refused):
+            launch(**changed)
+
+    @sg.kernel(ALIASED_POINTEES, name="pointees")
+    def bytes_declared(
+        c: Annotated[Mut[Tensor], sg.TensorSpec(sg.u8)],
+        r: Tensor,
+        h: Tensor,
+        flags: Tensor,
+        v: Tensor,
+        i: Tensor,
+        ranked: Tensor,
+    ) -> None: ...
+
+    bytes_declared.host(lambda *args: None)
+    bytes_declared[1, 1](
+        z((64,), sg.u8).mut(), z((8,)), z((8,), sg.f16), z((8,), bool), z((8,)), z((8,), sg.i32), z((8,))
+    )
 
 
 def test_a_kernel_its_source_never_names_is_refused_on_every_backend(sg_device: sg.Device) -> None:
@@ -846,10 +918,15 @@ def test_a_kernel_its_source_never_names_is_refused_on_every_backend(sg_device: 
     assert "the source defines `arrays`, `axpy_c`, `nothing`" in str(info.value) and "help: name the C++" in str(
         info.value
     )
+    bounded = "__global__ void __launch_bounds__(256) real_name(float* out, const float* x, float a, int n) {}"
+    with pytest.raises(SignatureError, match="the source defines `real_name`"):
+        sg.kernel(bounded)(axpy_typo)[1, 8](out.mut(), x, 1.0, 8)
     for source, options in (
         ("#include <cuda_fp16.h>\n" + AXPY_C, None),
         ("#define K(n) n##_typo\n" + AXPY_C, None),
+        ("#define KNAME axpy_typo\n" + AXPY_C.replace("void axpy_c(", "void KNAME("), None),
         (AXPY_C, {"define_macro": ("axpy_typo", "axpy_c")}),
+        (AXPY_C, {"pre_include": "kernels.cuh"}),
         ("", None),
     ):
         k = sg.kernel(source, options=options)(axpy_typo)
@@ -866,8 +943,12 @@ def test_generics_takes_arguments_of_the_kinds_the_template_declares() -> None:
 
     assert tk.generics(32, sg.f64).template_args == ("32", "double")
     assert tk.generics("2 * 16", "float").template_args == ("2 * 16", "float")
+    constrained = sg.kernel("template <std::integral T, int B> __global__ void tk(T* out) {}", name="tk")
+    assert constrained(tk.__wrapped__).generics(sg.i32, 4).template_args == ("int", "4")
     for args, refused in (
         ((sg.f32,), r"template parameter 1, `int B`, takes a value, and generics\(\) got 'float'"),
+        (("32, 64",), "is not one C"),
+        (("64 >> 1",), "is not one C"),
         ((32, 8), r"template parameter 2, `typename T = float`, takes a type, and generics\(\) got '8'"),
         (("1>(); int evil<2",), r"template argument '1>\(\); int evil<2' of `tk` is not one C\+\+ template argument"),
         (("(3",), "is not one C"),

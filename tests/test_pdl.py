@@ -279,7 +279,8 @@ def test_the_host_backend_refuses_a_pdl_kernel_whose_source_never_waits() -> Non
         stream.run(forgets[1, 32](out.mut(), 8))
     triggers_only = declare(never.replace(body, 'asm volatile("griddepcontrol.launch_dependents;"); ' + body))
     commented_out = declare(
-        never.replace(body, "/* cudaGridDependencySynchronize(); */ // griddepcontrol.wait\n" + body)
+        "/*\n#include <cuda/pipeline>\n*/\n"
+        + never.replace(body, "/* cudaGridDependencySynchronize(); */ // griddepcontrol.wait\n" + body)
     )
     for refused_kernel in (triggers_only, commented_out):
         with pytest.raises(sg.PdlWaitError):
