@@ -172,17 +172,20 @@ class SocketBootstrap:
                 listener = socket.create_server((addr, port), reuse_port=False)
             except OSError as exc:  # the address or the port: the launch environment, not the network
                 raise self._cannot_listen(exc) from None
-            listener.settimeout(self.timeout)
             self._listener = listener
             peers: dict[int, socket.socket] = {}
             while len(peers) < world_size - 1:
+                left = deadline - time.monotonic()  # one deadline, however many clients come and go
                 try:
+                    if left <= 0:
+                        raise TimeoutError
+                    listener.settimeout(left)
                     conn, _ = listener.accept()
                 except TimeoutError:
                     self._answer([*peers.values()], _REFUSED)
                     raise self._timeout(f"waiting for {world_size - 1 - len(peers)} rank(s) to connect") from None
                 try:
-                    conn.settimeout(min(self.timeout, _HELLO_SECONDS))
+                    conn.settimeout(min(left, _HELLO_SECONDS))
                     conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                     magic, peer, peer_world = _HELLO.unpack(_recv_exact(conn, _HELLO.size))
                     conn.settimeout(self.timeout)

@@ -340,8 +340,10 @@ def _parse_touches(touches: Mapping[str, str], params: tuple[KernelParam, ...], 
 # out by _c_type_bytes; typedefs and `using` aliases of these in the source too.
 _C_SIZES = {
     **dict.fromkeys(("int8_t", "uint8_t", "bool"), 1),
-    **dict.fromkeys(("int16_t", "uint16_t", "__half", "half", "__nv_bfloat16", "char16_t"), 2),
-    **dict.fromkeys(("int32_t", "uint32_t", "float", "char32_t", "wchar_t", "__half2", "half2", "__nv_bfloat162"), 4),
+    **dict.fromkeys(("int16_t", "uint16_t", "__half", "half", "__nv_bfloat16", "nv_bfloat16", "char16_t"), 2),
+    **dict.fromkeys(
+        ("int32_t", "uint32_t", "float", "char32_t", "wchar_t", "__half2", "half2", "__nv_bfloat162", "nv_bfloat162"), 4
+    ),
     **dict.fromkeys(("int64_t", "uint64_t", "double", "size_t", "ptrdiff_t", "intptr_t", "uintptr_t"), 8),
 }
 _INTEGER_WORDS = frozenset(("signed", "unsigned", "short", "long", "int", "char"))
@@ -522,7 +524,9 @@ def _pointee_dtypes(c: CParam, declared: CDeclaration) -> tuple[DType, ...]:
     c_type = declared.resolved(c.type)
     if c_type in ("__half2", "half2"):
         return (float16,)
-    if c_type in ("__nv_bfloat162", "nv_bfloat162") or _VECTOR.fullmatch(c_type):
+    if c_type in ("__nv_bfloat162", "nv_bfloat162"):
+        return (int16,)  # pairs of bfloat16 bits
+    if _VECTOR.fullmatch(c_type):
         return ()  # a vector type (uint4, float4) is as often 16 raw bytes of any dtype
     size, kind = _c_type_bytes(c_type, declared.aliases), declared.kind(c_type)
     if size is None or kind is None:
@@ -596,7 +600,8 @@ def check_c_parameters(kernel: Kernel[Any], declared: CDeclaration | None) -> No
 
 # The name of each __global__ function a source defines (after its return type and any
 # __launch_bounds__(...)), for the message of a kernel it does not name.
-_KERNEL_NAME = re.compile(r"\b__global__\s+(?:[\w:<>,\s*&]*?\s)?(?:__launch_bounds__\s*\([^)]*\)\s*)?(\w+)\s*\(")
+_BOUNDS = r"__launch_bounds__\s*\((?:[^()]|\([^()]*\))*\)\s*"  # one level of nested parentheses
+_KERNEL_NAME = re.compile(rf"\b__global__\s+(?:{_BOUNDS})?(?:[\w:<>,\s*&]*?\s)?(?:{_BOUNDS})?(\w+)\s*\(")
 
 
 def _check_named(kernel: Kernel[Any]) -> None:

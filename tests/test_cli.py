@@ -208,6 +208,19 @@ def test_a_reader_that_leaves_early_ends_the_command_quietly() -> None:
     assert stderr == ""
 
 
+def test_a_broken_pipe_that_is_not_stdouts_is_not_swallowed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only a reader that left stdout ends the command quietly: a broken socket or pipe elsewhere
+    is a real error, and propagates."""
+    from scopegraph._cli import demo
+
+    def broken(*args: object) -> int:
+        raise BrokenPipeError("a socket to another rank")
+
+    monkeypatch.setattr(demo, "main", broken)
+    with pytest.raises(BrokenPipeError, match="a socket to another rank"):
+        main(["demo", "--device", "host"], prog="python -m scopegraph")
+
+
 def test_demo_states_the_smaller_host_default(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run_main(["demo", "--device", "host", "--layers", "1", "--tokens", "1"], capsys)
     assert code == 0

@@ -5,6 +5,7 @@ under torchrun."""
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import re
 import socket
@@ -465,6 +466,7 @@ def test_init_distributed_refuses_arguments_of_the_wrong_type() -> None:
     for timeout in ("x", 0, -1.0, float("nan"), float("inf"), True):
         with pytest.raises(sg.SignatureError, match=r"timeout= takes a positive number of seconds(.|\n)*help: "):
             sg.init_distributed("host", bootstrap="single", timeout=timeout)  # type: ignore[arg-type]
+    assert sg.init_distributed("host", bootstrap="single", check_eager=np.bool_(False)).check_eager is False  # type: ignore[arg-type]
     for check_eager in ("no", 0, None):
         with pytest.raises(sg.SignatureError, match=r"check_eager=\) takes True or False(.|\n)*help: "):
             sg.init_distributed("host", bootstrap="single", check_eager=check_eager)  # type: ignore[arg-type]
@@ -533,7 +535,7 @@ def test_another_program_on_the_bootstrap_port_is_not_taken_for_a_rank(monkeypat
 
     def stray_then_rank() -> None:
         with connect() as silent, connect() as stray:
-            stray.sendall(b"GET / HTTP/1.1\r\n\r\n")
+            stray.sendall(b"GET / HTTP/1.1\r\nHost: localhost\r\nAccept: */*\r\n\r\n")  # a whole hello's bytes
             ranks.append(SocketBootstrap(1, 2, "127.0.0.1", port, timeout=10.0))
             assert silent.fileno() >= 0  # held open, silent, until rank 1 is in
 
@@ -547,6 +549,27 @@ def test_another_program_on_the_bootstrap_port_is_not_taken_for_a_rank(monkeypat
         root.close()
         for rank in ranks:
             rank.close()
+
+
+def test_clients_that_come_and_go_do_not_stretch_rank_0s_timeout() -> None:
+    """Each accept restarted the full timeout: a client connecting silently every 0.3 s kept a
+    rank 0 with a 1 s timeout waiting without end."""
+    port = free_port()
+    stop = threading.Event()
+
+    def pester() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+                stop.wait(0.3)
+
+    threading.Thread(target=pester, daemon=True).start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(sg.DistributedError, match="waiting for 1 rank"):
+            SocketBootstrap(0, 2, "127.0.0.1", port, timeout=1.0)
+    finally:
+        stop.set()
+    assert time.monotonic() - started < 4
 
 
 def test_the_tensor_parallel_demo_refuses_a_width_the_ranks_cannot_split() -> None:

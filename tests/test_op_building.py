@@ -839,7 +839,8 @@ using real = float;
 typedef real real_too;
 typedef __half2 h2;
 typedef int index_t;
-extern "C" __global__ void pointees(cplx* c, real_too* r, h2* h, bool* flags, float4* v, index_t* i, float* ranked) {}
+extern "C" __global__ void pointees(cplx* c, real_too* r, h2* h, bool* flags, float4* v, index_t* i, float* ranked,
+                                    __nv_bfloat162* pairs, cplx z) {}
 """
 
 
@@ -858,6 +859,8 @@ def test_pointee_types_behind_aliases_vectors_and_bools() -> None:
         v: Tensor,
         i: Tensor,
         ranked: Annotated[Tensor, sg.TensorSpec(rank=1)],
+        pairs: Tensor,
+        z: sg.f64,  # a float2 by value: 8 bytes, not an 8-byte integer
     ) -> None: ...
 
     pointees.host(lambda *args: None)
@@ -867,9 +870,17 @@ def test_pointee_types_behind_aliases_vectors_and_bools() -> None:
     def launch(**changed: Tensor) -> sg.KernelLaunch:
         given = {"c": z((8,), name="c"), "r": z((8,), name="r"), "h": z((8,), sg.f16, name="h")}
         given |= {"flags": z((8,), bool, name="f"), "v": z((8,), sg.f16, name="v"), "i": z((8,), sg.i32, name="i")}
-        given |= {"ranked": z((8,), name="ranked")} | changed
+        given |= {"ranked": z((8,), name="ranked"), "pairs": z((8,), sg.i16, name="p")} | changed
         return pointees[1, 1](
-            given["c"].mut(), given["r"], given["h"], given["flags"], given["v"], given["i"], given["ranked"]
+            given["c"].mut(),
+            given["r"],
+            given["h"],
+            given["flags"],
+            given["v"],
+            given["i"],
+            given["ranked"],
+            given["pairs"],
+            0.0,
         )
 
     launch()
@@ -884,6 +895,7 @@ def test_pointee_types_behind_aliases_vectors_and_bools() -> None:
         ({"flags": z((8,), name="wide")}, r"`flags` got `wide` of dtype f32"),
         ({"i": z((8,), name="float_index")}, r"`i` got `float_index` of dtype f32"),
         ({"ranked": z((8,), sg.f64, name="wide_ranked")}, r"`ranked` got `wide_ranked` of dtype f64"),
+        ({"pairs": z((8,), name="fp")}, r"`pairs` got `fp` of dtype f32, .* is `__nv_bfloat162\* pairs`"),
     ):
         with pytest.raises(SignatureError, match=refused):
             launch(**changed)
@@ -897,12 +909,13 @@ def test_pointee_types_behind_aliases_vectors_and_bools() -> None:
         v: Tensor,
         i: Tensor,
         ranked: Tensor,
+        pairs: Tensor,
+        z: sg.f64,
     ) -> None: ...
 
     bytes_declared.host(lambda *args: None)
-    bytes_declared[1, 1](
-        z((64,), sg.u8).mut(), z((8,)), z((8,), sg.f16), z((8,), bool), z((8,)), z((8,), sg.i32), z((8,))
-    )
+    r, h, flags, v, i, ranked, pairs = (z((8,), d) for d in (sg.f32, sg.f16, bool, sg.f32, sg.i32, sg.f32, sg.i16))
+    bytes_declared[1, 1](z((64,), sg.u8).mut(), r, h, flags, v, i, ranked, pairs, 0.0)
 
 
 def test_a_kernel_its_source_never_names_is_refused_on_every_backend(sg_device: sg.Device) -> None:
