@@ -380,7 +380,7 @@ def program_source(kernel: Kernel[Any]) -> str:
     source = kernel.source
     if dict(kernel.options).get("pre_include") or not _PDL_CALLS.search(source):
         return source
-    if _PDL_DEFINED.search(code_only(source)) or AN_INCLUDE.search(_NOT_CODE.sub(" ", source)):
+    if _PDL_DEFINED.search(code_only(source)) or AN_INCLUDE.search(without_comments(source)):
         return source
     return _PDL_PRELUDE + source
 

@@ -542,14 +542,15 @@ def _pointee_dtypes(c: CParam, declared: CDeclaration) -> tuple[DType, ...]:
     return tuple(d for d in ALL_DTYPES if d.numpy.kind in "iu" and d.itemsize == size)
 
 
-def pointee_problem(dtype: DType, c: CParam, allowed: tuple[DType, ...]) -> tuple[str, str]:
+def pointee_problem(dtype: DType, c: CParam, allowed: tuple[DType, ...], fix: str) -> tuple[str, str]:
     """What a tensor of ``dtype`` passed to the C++ pointer ``c`` (which takes ``allowed``) would
-    do, and what to pass or declare instead."""
+    do, and what to do instead: ``fix`` (``"pass a tensor of"``, ``"declare it"``) one of
+    ``allowed``, or point the C++ parameter to ``dtype``."""
     takes = " or ".join(d.spelling for d in allowed)
     return (
         f"the C++ parameter is `{_spelling(c, named=True)}`: the kernel would read {dtype.spelling} elements "
         f"as `{c.type}`",
-        f"pass a tensor of {takes}, or make the C++ parameter point to {dtype.ctype} ({dtype.spelling})",
+        f"{fix} {takes}, or make the C++ parameter point to {dtype.ctype} ({dtype.spelling})",
     )
 
 
@@ -651,8 +652,8 @@ def _parameter_problem(p: KernelParam, c: CParam, declared: CDeclaration) -> tup
     if p.kind != "scalar" and p.dtype is not None:
         allowed = _pointee_dtypes(c, declared)
         if allowed and p.dtype not in allowed and p.dtype != uint8:
-            what, fix = pointee_problem(p.dtype, c, allowed)
-            return f"is declared {p.dtype.spelling}, and {what}", fix.replace("pass a tensor of", "declare it")
+            what, fix = pointee_problem(p.dtype, c, allowed, "declare it")
+            return f"is declared {p.dtype.spelling}, and {what}", fix
     if p.kind == "scalar" and size:
         return _scalar_problem(p, c.type, size, declared.kind(c.type))
     return None
@@ -1496,11 +1497,12 @@ _new_launch = object.__new__
 _SCALAR_CACHE = 1024
 
 
-def _make_binder(kernel: Kernel[Any], pointees: tuple[tuple[DType, ...], ...]) -> Callable[..., None]:
+def _make_binder(kernel: Kernel[Any], declared: CDeclaration | None) -> Callable[..., None]:
     """The function that checks and binds one launch's arguments, generated once per kernel from
     its declaration (building an op is the inner loop of eager code and of recording) and the
     dtypes each tensor's C++ pointer takes (``pointees``, see pointee_dtypes: for a tensor with no
-    declared dtype, ``if t1.dtype is not K1_0 ...: op._pointee_error(P1, t1, K1)``).
+    declared dtype, ``if t1.dtype is not K1_0 ...: op._pointee_error(P1, t1, K1, CP1)``, where
+    CP1 is its C++ parameter in ``declared``, c_declaration's answer).
 
     For ``add(out: Mut[Tensor] (dtype f32), a: Tensor (dtype f32), n: sg.i32)`` with
     ``touches={"out": "n", "a": "n"}`` it reads::
@@ -1564,6 +1566,7 @@ def _make_binder(kernel: Kernel[Any], pointees: tuple[tuple[DType, ...], ...]) -
     holds the source)."""
     params = kernel.params
     n = len(params)
+    pointees = pointee_dtypes(params, declared)
     touches = kernel.touches
     # Scalars the touches expressions use get their Python value; the others pass 0 unread.
     used = (
@@ -1649,10 +1652,11 @@ def _make_binder(kernel: Kernel[Any], pointees: tuple[tuple[DType, ...], ...]) -
         if spec:
             lines += [f"    if {' or '.join(spec)}:", f"        op._spec_error(P{i}, t{i})"]
         if p.dtype is None and pointees[i]:  # (a declared one was checked against the pointer by check_c_parameters)
-            ns[f"K{i}"] = pointees[i]
+            assert declared is not None
+            ns[f"K{i}"], ns[f"CP{i}"] = pointees[i], declared.params[i]
             ns.update({f"K{i}_{j}": d for j, d in enumerate(pointees[i])})
             unlike = [f"t{i}.dtype is not K{i}_{j}" for j in range(len(pointees[i]))] + [f"t{i}.dtype is not RAW"]
-            lines += [f"    if {' and '.join(unlike)}:", f"        op._pointee_error(P{i}, t{i}, K{i})"]
+            lines += [f"    if {' and '.join(unlike)}:", f"        op._pointee_error(P{i}, t{i}, K{i}, CP{i})"]
         borrows.append((i, mutable, p.name))
     values = [f"v{i}" if p.kind == "scalar" else f"t{i}" for i, p in enumerate(params)]
     lines.append(f"    args = op.args = ({', '.join(values)}{',' if len(values) == 1 else ''})")
@@ -1779,7 +1783,7 @@ class KernelLaunch(GraphNode):
         if kernel.options:  # refused where a GPU's compile would refuse them, on every backend
             check_options(kernel)
         declared = c_declaration(kernel)
-        binder = _make_binder(kernel, pointee_dtypes(kernel.params, declared))
+        binder = _make_binder(kernel, declared)
         binder(self, *args)
         check_c_parameters(kernel, declared)
         kernel._binder = binder
@@ -1907,15 +1911,12 @@ class KernelLaunch(GraphNode):
         )
         return f"launched as {self.name}[{self.grid}, {self.block}] with {scalars}"
 
-    def _pointee_error(self, param: KernelParam, tensor: Tensor, allowed: tuple[DType, ...]) -> None:
-        """Refuse ``tensor`` for a parameter whose C++ pointer takes ``allowed`` dtypes, or raw
+    def _pointee_error(self, param: KernelParam, tensor: Tensor, allowed: tuple[DType, ...], c: CParam) -> None:
+        """Refuse ``tensor`` for a parameter whose C++ pointer ``c`` takes ``allowed`` dtypes, or raw
         bytes (an sg.u8 tensor); a dtype equal to one of them but another object (unpickled) passes."""
         if tensor.dtype in allowed or tensor.dtype == uint8:
             return
-        declared = c_declaration(self.kernel)
-        assert declared is not None
-        c = declared.params[self.kernel.params.index(param)]
-        what, fix = pointee_problem(tensor.dtype, c, allowed)
+        what, fix = pointee_problem(tensor.dtype, c, allowed, "pass a tensor of")
         raise SignatureError(
             diagnostic(
                 f"`{self.name}` parameter `{param.name}` got `{tensor.name}` of dtype {tensor.dtype.name}, and {what}",
