@@ -18,13 +18,13 @@ kernels are meant to be read as examples of it.
 from __future__ import annotations
 
 from importlib import resources
-from typing import Annotated, Any, ParamSpec
+from typing import Annotated, Any
 
 import numpy as np
 
 from . import _dtypes as dt
 from ._errors import SignatureError, diagnostic
-from ._kernel import Kernel, KernelLaunch, TensorSpec, kernel
+from ._kernel import KernelLaunch, TensorSpec, kernel
 from ._ops import borrowed_tensor
 from ._params import Param
 from ._tensor import Mut, Tensor
@@ -37,26 +37,23 @@ F32Matrix = Annotated[Tensor, TensorSpec(dt.float32, rank=2)]
 MutI32 = Annotated[Mut[Tensor], TensorSpec(dt.int32)]
 
 NDArray = np.ndarray[Any, np.dtype[Any]]
-P = ParamSpec("P")
 
 ELEMENTWISE_BLOCK = 256
 # axpy_op's blocks are larger: in the seed model's 4-kernel form the residual add sits on the
 # critical path between two matvecs, and with fewer blocks it finishes sooner (H100, d=2048 x 22:
 # +2% tokens/s against 256 threads; d=512 the same within noise; benchmarks/NOTES.md).
 AXPY_BLOCK = 512
-# matvec family: 8 warps a block, one row a warp (kernels/library.cu says why).
-MATVEC_WARPS = 8
-MATVEC_ROWS_PER_WARP = 1
-MAX_SHARED_BYTES = 48 * 1024
-# Rows of at most NARROW_K floats take the matvec family's narrow build (narrow()).
-NARROW_CHUNK = 4
-NARROW_K = 4 * 32 * NARROW_CHUNK
+# matvec family: a block per 8 rows, its threads splitting the columns a float4 each, at most
+# 512 threads (its __launch_bounds__; kernels/library.cu says why).
+MATVEC_ROWS = 8
+MATVEC_MAX_THREADS = 512
+MATVEC_MAX_BLOCKS = 2**31 // MATVEC_ROWS
 
 
 # What the kernels' code assumes of a launch shape, and no driver checks (kernel(launch_check=)):
 # the raw kernels are public, and a shape they do not expect computes something else on a GPU
-# (or, for a matvec under 32 threads, never ends), while the host reference would compute the
-# intended result.
+# (or, for a matvec under 32 threads, sums its rows with lanes that do not exist), while the host
+# reference would compute the intended result.
 Shape = tuple[int, int, int]
 
 
@@ -68,11 +65,15 @@ def one_dimensional(grid: Shape, block: Shape, template_args: tuple[str, ...]) -
 
 
 def whole_warps(grid: Shape, block: Shape, template_args: tuple[str, ...]) -> str | None:
-    """The matvec family: a warp per row, rows dealt out by warp (a block under 32 threads has no
-    warp and would loop for ever), at most 256 threads (its __launch_bounds__)."""
+    """The matvec family: each row's sum is a butterfly of shuffles over whole warps (a partial
+    warp would shuffle with lanes that do not exist), at most 512 threads (its __launch_bounds__),
+    and at most MATVEC_MAX_BLOCKS blocks (block b's first row, 8 * b, is a C int: past them it
+    wraps around to negative rows, out of bounds)."""
     threads = block[0]
-    if threads % 32 or not 32 <= threads <= 256:
-        return f"a block is whole warps of 32 threads, 32 to 256 of them, not {threads}"
+    if threads % 32 or not 32 <= threads <= MATVEC_MAX_THREADS:
+        return f"a block is whole warps of 32 threads, 32 to {MATVEC_MAX_THREADS} of them, not {threads}"
+    if grid[0] > MATVEC_MAX_BLOCKS:
+        return f"at most {MATVEC_MAX_BLOCKS} blocks (8 rows each: every row an int can index), not {grid[0]}"
     return one_dimensional(grid, block, template_args)
 
 
@@ -127,14 +128,14 @@ def rms_norm(out: MutF32, x: F32, w: F32, eps: dt.f32, d: dt.i32) -> None:
     SOURCE, touches={"out": "n", "x": "k", "w": "n * k"}, pdl=True, reads_before_wait=("w",), launch_check=whole_warps
 )
 def matvec(out: MutF32, x: F32, w: F32Matrix, n: dt.i32, k: dt.i32) -> None:
-    """out[:n] = w[:n, :k] @ x[:k]. Blocks of at most 256 threads; k * 4 bytes of shared memory for the fast path."""
+    """out[:n] = w[:n, :k] @ x[:k]: 8 rows a block (ceil(n / 8) blocks), blocks of whole warps up to 512 threads."""
 
 
 @kernel(
     SOURCE, touches={"out": "n", "x": "k", "w": "n * k"}, pdl=True, reads_before_wait=("w",), launch_check=whole_warps
 )
 def matvec_add(out: MutF32, x: F32, w: F32Matrix, n: dt.i32, k: dt.i32) -> None:
-    """out[:n] += w[:n, :k] @ x[:k] (a matvec with the residual add fused in)."""
+    """out[:n] += w[:n, :k] @ x[:k] (a matvec with the residual add fused in), launched as matvec is."""
 
 
 @kernel(
@@ -145,7 +146,8 @@ def matvec_add(out: MutF32, x: F32, w: F32Matrix, n: dt.i32, k: dt.i32) -> None:
     launch_check=whole_warps,
 )
 def rms_norm_matvec(out: MutF32, x: F32, nw: F32, w: F32Matrix, eps: dt.f32, n: dt.i32, k: dt.i32) -> None:
-    """out[:n] = w[:n, :k] @ (x[:k] * nw[:k]) * rsqrt(mean(x[:k]**2) + eps): RMSNorm fused into the matvec after it."""
+    """out[:n] = w[:n, :k] @ (x[:k] * nw[:k]) * rsqrt(mean(x[:k]**2) + eps): RMSNorm fused into the matvec
+    after it, launched as matvec is."""
 
 
 @kernel(SOURCE, touches={"flag": "1"}, launch_check=one_dimensional)
@@ -229,29 +231,35 @@ def _rms_norm(out: NDArray, x: NDArray, w: NDArray, eps: np.float32, d: np.int32
     np.multiply(xr * scale, _flat_vector(w, d_), out=_flat_matrix(out, rows, d_))
 
 
+def _matvec_rows_covered(n: np.int32, grid: Launch) -> int:
+    """The matvec family's block b computes rows 8b .. 8b + 7 (kernels/library.cu): a grid of
+    fewer than ceil(n / 8) blocks leaves the rest of out as it was."""
+    return min(int(n), MATVEC_ROWS * grid[0])
+
+
 @matvec.host
-def _matvec(out: NDArray, x: NDArray, w: NDArray, n: np.int32, k: np.int32) -> None:
-    n_, k_ = int(n), int(k)
-    np.matmul(_flat_matrix(w, n_, k_), _flat_vector(x, k_), out=_flat_vector(out, n_))
+def _matvec(out: NDArray, x: NDArray, w: NDArray, n: np.int32, k: np.int32, *, grid: Launch) -> None:
+    rows, k_ = _matvec_rows_covered(n, grid), int(k)
+    np.matmul(_flat_matrix(w, rows, k_), _flat_vector(x, k_), out=_flat_vector(out, rows))
 
 
 @matvec_add.host
-def _matvec_add(out: NDArray, x: NDArray, w: NDArray, n: np.int32, k: np.int32) -> None:
-    n_, k_ = int(n), int(k)
-    flat = _flat_vector(out, n_)
-    np.add(flat, _flat_matrix(w, n_, k_) @ _flat_vector(x, k_), out=flat)
+def _matvec_add(out: NDArray, x: NDArray, w: NDArray, n: np.int32, k: np.int32, *, grid: Launch) -> None:
+    rows, k_ = _matvec_rows_covered(n, grid), int(k)
+    flat = _flat_vector(out, rows)
+    np.add(flat, _flat_matrix(w, rows, k_) @ _flat_vector(x, k_), out=flat)
 
 
 @rms_norm_matvec.host
 def _rms_norm_matvec(
-    out: NDArray, x: NDArray, nw: NDArray, w: NDArray, eps: np.float32, n: np.int32, k: np.int32
+    out: NDArray, x: NDArray, nw: NDArray, w: NDArray, eps: np.float32, n: np.int32, k: np.int32, *, grid: Launch
 ) -> None:
-    n_, k_ = int(n), int(k)
+    rows, k_ = _matvec_rows_covered(n, grid), int(k)
     v = _flat_vector(x, k_)
     # rsqrtf(sum(x ** 2) / k + eps); with k = 0 that is 0 / 0, a NaN, as on the GPU
     mean = np.add.reduce(v * v) / np.float32(k_) if k_ else np.float32(np.nan)
     scale = np.float32(1.0) / np.sqrt(mean + eps)
-    np.multiply(_flat_matrix(w, n_, k_) @ (v * _flat_vector(nw, k_)), scale, out=_flat_vector(out, n_))
+    np.multiply(_flat_matrix(w, rows, k_) @ (v * _flat_vector(nw, k_)), scale, out=_flat_vector(out, rows))
 
 
 @count_down.host
@@ -343,25 +351,6 @@ def rms_norm_op(out: Mut[Tensor], x: Tensor, w: Tensor, eps: Scalar) -> KernelLa
     return kernel[rows.size // d, block](out, x, w, eps, d)
 
 
-def narrow(k: Kernel[P]) -> Kernel[P]:
-    """The same matvec-family kernel built with 4 float4 loads a lane instead of 16 (``CHUNK`` in
-    kernels/library.cu): the *_op helpers launch it for rows of at most NARROW_K floats, where
-    fewer instructions pay (at d = 512 about 25% more tokens/s) and 16 would mostly be idle."""
-    built = _narrow.get(k)
-    if built is None:
-        options = (*k.options, ("define_macro", ("CHUNK", str(NARROW_CHUNK))))
-        built = _narrow[k] = k.rebuilt(options=options)
-    return built
-
-
-_narrow: dict[Kernel[Any], Kernel[Any]] = {}
-
-
-# An upper bound on the static shared memory of block_sum (kernels/library.cu: 33 floats, 144
-# bytes as compiled for sm_90): rms_norm_matvec's dynamic shared memory must leave room for it.
-BLOCK_SUM_SHARED = 256
-
-
 def _size_error(helper: str, param: str, got: Tensor, want: int, rule: str) -> SignatureError:
     """``param`` of ``helper`` (the tensor ``got``) must have ``want`` elements, as ``rule`` says."""
     return SignatureError(
@@ -373,10 +362,10 @@ def _size_error(helper: str, param: str, got: Tensor, want: int, rule: str) -> S
     )
 
 
-def _matrix(out: Mut[Tensor], x: Tensor, w: Tensor, helper: str, static_shared: int = 0) -> tuple[int, int, int, int]:
-    """(n, k, grid, shared bytes) of a matvec-family launch over ``w`` of shape (n, k), for a kernel
-    with at most ``static_shared`` bytes of static shared memory (the rest of 48 KiB is dynamic's);
-    ``out`` must have n elements and ``x`` k (the kernels touch no more and no fewer)."""
+def _matrix(out: Mut[Tensor], x: Tensor, w: Tensor, helper: str) -> tuple[int, int, int, int]:
+    """(n, k, grid, block) of a matvec-family launch over ``w`` of shape (n, k): a block per 8
+    rows, a thread per float4 of a row (up to 512, one pass over a 2048-wide row); ``out`` must
+    have n elements and ``x`` k (the kernels touch no more and no fewer)."""
     if borrowed_tensor(w, False, helper, "w").ndim != 2:
         raise SignatureError(f"{helper} needs a matrix `w`; `{w.name}` has shape {w.shape}\nhelp: view it as (n, k)")
     n, k = w.shape
@@ -386,31 +375,33 @@ def _matrix(out: Mut[Tensor], x: Tensor, w: Tensor, helper: str, static_shared: 
     read = x if type(x) is Tensor else borrowed_tensor(x, False, helper, "x")
     if read.size != k:
         raise _size_error(helper, "x", read, k, f"one for each column of `w`, shape {w.shape}")
-    shared = 4 * k if 4 * k + static_shared <= MAX_SHARED_BYTES else 0  # x staged in shared memory (the fast path)
-    return n, k, _blocks(n, MATVEC_WARPS * MATVEC_ROWS_PER_WARP), shared
+    return n, k, _blocks(n, MATVEC_ROWS), matvec_block(k)
+
+
+def matvec_block(k: int) -> int:
+    """Threads a block for rows of k floats: whole warps, one float4 of the row each, 32 to 512."""
+    return min(MATVEC_MAX_THREADS, 32 * max(1, -(-k // 128)))
 
 
 def matvec_op(out: Mut[Tensor], x: Tensor, w: Tensor) -> KernelLaunch:
     """``out = w @ x`` for ``w`` of shape (n, k)."""
-    n, k, grid, shared = _matrix(out, x, w, "matvec_op")
-    return (narrow(matvec) if k <= NARROW_K else matvec)[grid, 32 * MATVEC_WARPS, shared](out, x, w, n, k)
+    n, k, grid, block = _matrix(out, x, w, "matvec_op")
+    return matvec[grid, block](out, x, w, n, k)
 
 
 def matvec_add_op(out: Mut[Tensor], x: Tensor, w: Tensor) -> KernelLaunch:
     """``out += w @ x`` for ``w`` of shape (n, k): a matvec and a residual add in one kernel."""
-    n, k, grid, shared = _matrix(out, x, w, "matvec_add_op")
-    return (narrow(matvec_add) if k <= NARROW_K else matvec_add)[grid, 32 * MATVEC_WARPS, shared](out, x, w, n, k)
+    n, k, grid, block = _matrix(out, x, w, "matvec_add_op")
+    return matvec_add[grid, block](out, x, w, n, k)
 
 
 def rms_norm_matvec_op(out: Mut[Tensor], x: Tensor, nw: Tensor, w: Tensor, eps: Scalar) -> KernelLaunch:
     """``out = w @ rms_norm(x, nw, eps)`` for ``w`` of shape (n, k): the RMSNorm of one row fused
     into the matvec after it."""
-    n, k, grid, shared = _matrix(out, x, w, "rms_norm_matvec_op", BLOCK_SUM_SHARED)
+    n, k, grid, block = _matrix(out, x, w, "rms_norm_matvec_op")
     if type(nw) is Tensor and nw.size != k:
         raise _size_error("rms_norm_matvec_op", "nw", nw, k, "the norm's weights, one for each element of `x`")
-    return (narrow(rms_norm_matvec) if k <= NARROW_K else rms_norm_matvec)[grid, 32 * MATVEC_WARPS, shared](
-        out, x, nw, w, eps, n, k
-    )
+    return rms_norm_matvec[grid, block](out, x, nw, w, eps, n, k)
 
 
 def count_down_op(flag: Mut[Tensor]) -> KernelLaunch:
@@ -442,9 +433,6 @@ ALL_KERNELS = (
     matvec,
     matvec_add,
     rms_norm_matvec,
-    narrow(matvec),
-    narrow(matvec_add),
-    narrow(rms_norm_matvec),
     count_down,
     append_row,
 )

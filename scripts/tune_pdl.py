@@ -9,9 +9,11 @@ PyTorch's CUDA graph of the same 4 kernels and the read-only streaming ceiling.
     git show HEAD:scopegraph/kernels/library.cu > /tmp/base.cu
     PYTHONPATH=. python3 scripts/tune_pdl.py --baseline /tmp/base.cu   # also that version's cases
 
-The variants are the library's own source compiled with macros (CHUNK, SG_MATVEC_BOUNDS,
+The variants are the library's own source compiled with macros (SG_MATVEC_BOUNDS, SG_WEIGHT_LOAD,
 SG_LATE_TRIGGER) or launched with other blocks; ``--baseline`` adds the cases marked ``base``,
-built from another version of library.cu, so an old and a new library are timed in one run.
+built from another version of library.cu, so an old and a new library are timed in one run
+(launched as the current library's helpers launch: a version with other matvec blocks, such as
+the warp-per-row kernels before pass 24 of benchmarks/NOTES.md, needs its own launch shapes).
 benchmarks/NOTES.md records what was tried, what was chosen and why.
 
 ``--trace`` compiles the library with a timestamp (``%globaltimer``) at each block's start (its
@@ -46,11 +48,9 @@ class Case(NamedTuple):
     form: str  # "fused" (2 kernels a layer) or "kernels" (4)
     macros: tuple[str, ...] = ()
     axpy: int = 0  # axpy's block (0: the library's, library.AXPY_BLOCK)
-    # Rows a warp of the second matvec of a layer (matvec_add in the fused form): with 2, its grid
-    # is half as large and fits beside the first one, so all its blocks start (and trigger their
-    # dependents) early; each warp loads its second row after the wait.
-    second_rows: int = 1
-    warps: int = library.MATVEC_WARPS  # warps a matvec block (one row each); macros set the matching bounds
+    # Threads a matvec block (0: the *_op helpers' choice, a float4 of the row each, up to 512);
+    # fewer take a row in more passes, the later ones loaded after the wait.
+    threads: int = 0
     base: bool = False  # every kernel from the --baseline source (another version of library.cu)
     # Memory synchronization domains the graph's kernel nodes cycle through (0: all in the default
     # one): a kernel's completion flush orders only its own domain's memory operations, so it
@@ -58,57 +58,31 @@ class Case(NamedTuple):
     domains: int = 0
 
 
-NO_BOUNDS = ("SG_MATVEC_BOUNDS=",)  # no register cap (2 matvec blocks an SM instead of 3)
-TWO_BLOCKS = ("SG_MATVEC_BOUNDS=__launch_bounds__(256,2)",)  # 2 matvec blocks an SM: 1 matrix on chip, not 1.5
-# 3/4 of each row in registers before the wait, 64 registers, 4 blocks an SM: both matvecs of a
-# layer resident at once (2048 + 2048 warps), the last quarter of each row loaded after the wait.
-THREE_QUARTERS = ("CHUNK=12", "SG_MATVEC_BOUNDS=__launch_bounds__(256,4)")
-# x staged in shared memory by loads and stores (one L2 round trip per 256 floats of x a thread
-# after the wait), as the library did before it staged x by cp.async (all of it in one round trip).
-STAGE_BY_LOADS = ("SG_STAGE_ASYNC=0",)
-LDG = ("SG_WEIGHT_LOAD=__ldg",)  # weights as read-only data, kept in L2 (the narrow build's choice)
-LDCS = ("SG_WEIGHT_LOAD=__ldcs",)  # weights evict-first (the wide build's choice)
+NO_BOUNDS = ("SG_MATVEC_BOUNDS=",)  # no register cap
+ONE_BLOCK = ("SG_MATVEC_BOUNDS=__launch_bounds__(512,1)",)  # one matvec block an SM: no room for the next beside it
+LDG = ("SG_WEIGHT_LOAD=__ldg",)  # weights as read-only data, kept in L2
+LATE = ("SG_LATE_TRIGGER=1",)  # dependents triggered after the wait
 
 # d=2048 x 22: what each case changes from the library's defaults. The baseline cases (with
 # --baseline) launch axpy with 256 threads, as the library did before AXPY_BLOCK.
 CASES: list[Case] = [
     Case("fused, baseline", "fused", base=True),
     Case("fused", "fused"),
-    Case("fused, matvec_add 2 rows a warp", "fused", second_rows=2),
-    Case("fused, x staged by loads", "fused", STAGE_BY_LOADS),
     Case("4k, baseline", "kernels", axpy=256, base=True),
     Case("4k", "kernels"),
-    Case("4k, x staged by loads", "kernels", STAGE_BY_LOADS),  # why the matvecs stage x by cp.async
     Case("4k, axpy 256 threads", "kernels", axpy=256),  # why library.AXPY_BLOCK is 512
-    Case("4k, no register cap", "kernels", NO_BOUNDS),  # why the matvec family caps its registers
-    Case("4k, 2 matvec blocks an SM", "kernels", TWO_BLOCKS),
-    Case("4k, second matvec 2 rows a warp", "kernels", second_rows=2),
-    Case("4k, second matvec 4 rows a warp", "kernels", second_rows=4),
-    Case("4k, 3/4 of each row before the wait, 4 blocks an SM", "kernels", THREE_QUARTERS),
-    # Weights loaded as read-only data (__ldg), as the library did before the wide build loaded
-    # them evict-first (ld.global.cs): why it does.
+    Case("fused, no register cap", "fused", NO_BOUNDS),  # why the matvec family caps its registers
+    Case("4k, no register cap", "kernels", NO_BOUNDS),
+    Case("fused, one matvec block an SM", "fused", ONE_BLOCK),
+    # Weights loaded as read-only data (__ldg) rather than evict-first (ld.global.cs): why they are not.
     Case("fused, weights by __ldg", "fused", LDG),
     Case("4k, weights by __ldg", "kernels", LDG),
-    Case("fused, no register cap", "fused", NO_BOUNDS),  # on an H200: +1%, on an H100 the cap pays
-    Case("fused, 2 matvec blocks an SM", "fused", TWO_BLOCKS),
-    # Half (or 3/4) of each row before the wait, the rest after x is staged, 3 blocks an SM as
-    # the library: fewer bytes a block queued ahead of its read of x.
-    Case("fused, half of each row before the wait", "fused", ("CHUNK=8",)),
-    Case("fused, 3/4 of each row before the wait", "fused", ("CHUNK=12",)),
-    Case("4k, half of each row before the wait", "kernels", ("CHUNK=8",)),
-    # Smaller blocks, the same 768 threads (80 registers) an SM: as a kernel's blocks leave, the
-    # next one's fill the room in finer steps.
-    Case("fused, 4 warps a block", "fused", ("SG_MATVEC_BOUNDS=__launch_bounds__(128,6)",), warps=4),
-    Case("fused, 2 warps a block", "fused", ("SG_MATVEC_BOUNDS=__launch_bounds__(64,12)",), warps=2),
-    Case("4k, 4 warps a block", "kernels", ("SG_MATVEC_BOUNDS=__launch_bounds__(128,6)",), warps=4),
-    Case("fused, 6 warps a block", "fused", ("SG_MATVEC_BOUNDS=__launch_bounds__(192,4)",), warps=6),
-    Case("fused, 12 warps a block", "fused", ("SG_MATVEC_BOUNDS=__launch_bounds__(384,2)",), warps=12),
-    Case("4k, 12 warps a block", "kernels", ("SG_MATVEC_BOUNDS=__launch_bounds__(384,2)",), warps=12),
+    Case("fused, dependents triggered after the wait", "fused", LATE),
+    # Half a row a pass (256 threads): the second half of each row loaded after the wait.
+    Case("fused, 256 threads a block", "fused", threads=256),
+    Case("4k, 256 threads a block", "kernels", threads=256),
     Case("fused, 2 sync domains", "fused", domains=2),
-    Case("fused, 3 sync domains", "fused", domains=3),
     Case("fused, 4 sync domains", "fused", domains=4),
-    Case("4k, 2 sync domains", "kernels", domains=2),
-    Case("4k, 4 sync domains", "kernels", domains=4),
 ]
 TRACED = ("4k", "fused")
 # d=512 x 22 (launch-bound: the weights nearly fit in L2).
@@ -116,13 +90,11 @@ SMALL_CASES: list[Case] = [
     Case("fused, baseline", "fused", base=True),
     Case("fused", "fused"),
     Case("4k, baseline", "kernels", axpy=256, base=True),
-    Case("fused, x staged by loads", "fused", STAGE_BY_LOADS),
     Case("4k", "kernels"),
-    Case("4k, x staged by loads", "kernels", STAGE_BY_LOADS),
     Case("4k, axpy 256 threads", "kernels", axpy=256),
-    Case("4k, second matvec 2 rows a warp", "kernels", second_rows=2),
-    Case("fused, weights by __ldcs", "fused", LDCS),  # why the narrow build keeps __ldg
-    Case("4k, weights by __ldcs", "kernels", LDCS),
+    Case("fused, weights by __ldg", "fused", LDG),
+    Case("4k, weights by __ldg", "kernels", LDG),
+    Case("fused, 64 threads a block", "fused", threads=64),
 ]
 BASELINE: list[str | None] = [None]  # --baseline FILE: its text
 
@@ -141,19 +113,12 @@ def variant(k: Kernel[Any], macros: tuple[str, ...], source: str | None = None) 
 
 
 def kernels_of(form: str, macros: tuple[str, ...], d: int, source: str | None = None) -> list[Any]:
-    """The case's kernels, built as the library's *_op helpers build them at width d (the narrow
-    matvec build for d <= library.NARROW_K), with the case's macros or source."""
-
-    def mv(k: Kernel[Any]) -> Kernel[Any]:
-        wide = d > library.NARROW_K or any(m.startswith("CHUNK=") for m in macros)
-        return k if wide else library.narrow(k)
-
+    """The case's kernels at width d, built with the case's macros or source."""
     if form == "fused":
-        return [variant(mv(library.rms_norm_matvec), macros, source), variant(mv(library.matvec_add), macros, source)]
-    bs = library.rms_norm_block(d)
+        return [variant(library.rms_norm_matvec, macros, source), variant(library.matvec_add, macros, source)]
     return [
-        variant(library.rms_norm.generics(bs), macros, source),
-        variant(mv(library.matvec), macros, source),
+        variant(library.rms_norm.generics(library.rms_norm_block(d)), macros, source),
+        variant(library.matvec, macros, source),
         variant(library.axpy, macros, source),
     ]
 
@@ -166,27 +131,22 @@ def form_ops(model: LayerStack, case: Case, source: str | None = None) -> tuple[
         assert BASELINE[0] is not None, "a baseline case needs --baseline FILE"
         source = BASELINE[0] if source is None else traced_source(BASELINE[0])
     ks = kernels_of(form, macros, cfg.d, source)
-    if case.warps > 8:  # past the library's own launch check (its bounds allow 256 threads; the case's allow more)
-        for k in ks:
-            if k.launch_check is library.whole_warps:
-                k.launch_check = library.one_dimensional
     ops: list[Any] = []
     for w, b in zip(model.weights, model.buffers, strict=True):
         n, k = w.wq.shape
-        grid, block, shared = -(-n // case.warps), 32 * case.warps, 4 * k
-        grid2 = -(-n // (case.warps * case.second_rows))
+        grid, block = -(-n // library.MATVEC_ROWS), case.threads or library.matvec_block(k)
         if form == "fused":
             ops += [
-                ks[0][grid, block, shared](b.q.mut(), hidden, w.norm_w, w.wq, cfg.eps, n, k),
-                ks[1][grid2, block, shared](hidden.mut(), b.q, w.wo, n, k),
+                ks[0][grid, block](b.q.mut(), hidden, w.norm_w, w.wq, cfg.eps, n, k),
+                ks[1][grid, block](hidden.mut(), b.q, w.wo, n, k),
             ]
             continue
         bs = int(ks[0].template_args[0])
         ab = axpy_block or library.AXPY_BLOCK
         ops += [
             ks[0][1, bs](b.norm.mut(), hidden.view((1, cfg.d)), w.norm_w, cfg.eps, cfg.d),
-            ks[1][grid, block, shared](b.q.mut(), b.norm, w.wq, n, k),
-            ks[1][grid2, block, shared](b.o.mut(), b.q, w.wo, n, k),
+            ks[1][grid, block](b.q.mut(), b.norm, w.wq, n, k),
+            ks[1][grid, block](b.o.mut(), b.q, w.wo, n, k),
             ks[2][-(-cfg.d // ab), ab](hidden.mut(), b.o, 1.0, cfg.d),
         ]
     return ops, ks

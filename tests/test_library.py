@@ -10,6 +10,9 @@ import pytest
 
 import scopegraph as sg
 from scopegraph import library
+from scopegraph._cli.seed_model import relative_error
+
+NDArray = np.ndarray[Any, np.dtype[Any]]
 
 
 def rand(rng: np.random.Generator, *shape: int) -> np.ndarray:
@@ -48,8 +51,9 @@ def test_rms_norm(sg_device: sg.Device, sg_stream: sg.Stream) -> None:
 
 def test_matvec_vector_and_scalar_paths(sg_device: sg.Device, sg_stream: sg.Stream) -> None:
     rng = np.random.default_rng(2)
-    # vector path, scalar path, vector with a tail; the narrow build (k <= 512), with a tail
-    for n, k in ((300, 1024), (70, 37), (5, 2048 + 4), (33, 512), (7, 260)):
+    # vector path (one pass, several passes), scalar path (k % 4 != 0), vector with a tail of
+    # rows and of columns, narrow rows (a block of one warp)
+    for n, k in ((300, 1024), (70, 37), (5, 2048 + 4), (33, 512), (7, 260), (9, 64), (3, 12288)):
         w_np, x_np = rand(rng, n, k), rand(rng, k)
         out = sg_device.from_numpy(np.full(n, np.nan, np.float32))
         sg_stream.run(library.matvec_op(out.mut(), sg_device.from_numpy(x_np), sg_device.from_numpy(w_np)))
@@ -59,36 +63,144 @@ def test_matvec_vector_and_scalar_paths(sg_device: sg.Device, sg_stream: sg.Stre
         assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-5, (n, k)
 
 
-def test_the_widest_rows_that_fit_shared_memory_run_everywhere(sg_device: sg.Device, sg_stream: sg.Stream) -> None:
-    """k = 12288 (48 KiB of x): rms_norm_matvec's static shared memory (its block sum) left no room
-    to stage x, so the GPU refused the launch (LaunchResourceError) that the host ran; it now takes
-    the unstaged path there, and the matvecs without static shared memory still stage x."""
+def _matvec_family(
+    w: sg.Tensor, x: sg.Tensor, nw: sg.Tensor, outs: tuple[sg.Tensor, sg.Tensor, sg.Tensor], launch: Any = None
+) -> list[sg.KernelLaunch]:
+    """matvec, matvec_add and rms_norm_matvec into outs, through the helpers or as launch[grid, block]."""
+    n, k = w.shape
+    out, acc, normed = outs
+    if launch is None:
+        return [
+            library.matvec_op(out.mut(), x, w),
+            library.matvec_add_op(acc.mut(), x, w),
+            library.rms_norm_matvec_op(normed.mut(), x, nw, w, 1e-5),
+        ]
+    return [
+        library.matvec[launch](out.mut(), x, w, n, k),
+        library.matvec_add[launch](acc.mut(), x, w, n, k),
+        library.rms_norm_matvec[launch](normed.mut(), x, nw, w, 1e-5, n, k),
+    ]
+
+
+def _matvec_family_wants(w: NDArray, x: NDArray, nw: NDArray, acc: NDArray) -> list[NDArray]:
+    w64, x64 = w.astype(np.float64), x.astype(np.float64)
+    scaled = x64 / np.sqrt(np.mean(x64 * x64) + 1e-5) * nw
+    return [w64 @ x64, acc + w64 @ x64, w64 @ scaled]
+
+
+@pytest.mark.parametrize("unaligned", ["x", "nw", "w"])
+def test_matvecs_of_an_unaligned_tensor_take_the_scalar_path(
+    sg_device: sg.Device, sg_stream: sg.Stream, unaligned: str
+) -> None:
+    """One tensor one float into its allocation (not 16-byte aligned): the float4 loads would fault
+    or read the wrong floats, so each matvec-family kernel that reads it takes its scalar loop
+    (the weights it loaded before the wait unused)."""
+    rng = np.random.default_rng(3)
+    n, k = 20, 256
+    host = {"w": rand(rng, n, k), "x": rand(rng, k), "nw": rand(rng, k)}
+    dev = {}
+    for name, a in host.items():
+        if name == unaligned:  # the same values, from the second float of a larger allocation
+            whole = sg_device.from_numpy(np.concatenate([[np.float32(7.0)], a.reshape(-1)]))
+            dev[name] = whole[1:].view(a.shape)
+        else:
+            dev[name] = sg_device.from_numpy(a)
+    acc = rand(rng, n)
+    outs = (sg_device.zeros((n,)), sg_device.from_numpy(acc), sg_device.zeros((n,)))
+    for op in _matvec_family(dev["w"], dev["x"], dev["nw"], outs):
+        sg_stream.run(op)
+    sg_stream.sync()
+    for got, want in zip(outs, _matvec_family_wants(host["w"], host["x"], host["nw"], acc), strict=True):
+        assert relative_error(got.numpy(), want) < 1e-5, unaligned
+
+
+@pytest.mark.parametrize(("n", "k", "grid", "block"), [(40, 2048, 5, 32), (21, 1928, 3, 96), (20, 2050, 3, 512)])
+def test_raw_matvec_launches_of_other_blocks(
+    sg_device: sg.Device, sg_stream: sg.Stream, n: int, k: int, grid: int, block: int
+) -> None:
+    """Blocks smaller than the helpers' (a 2048-wide row in 16 passes of one warp; 3 warps, not a
+    power of two, in 5 passes with a tail) and the scalar loop over 16 warps (k % 4 != 0)."""
+    rng = np.random.default_rng(4)
+    w, x, nw, acc = rand(rng, n, k), rand(rng, k), rand(rng, k), rand(rng, n)
+    outs = (sg_device.zeros((n,)), sg_device.from_numpy(acc), sg_device.zeros((n,)))
+    dw, dx, dnw = (sg_device.from_numpy(a) for a in (w, x, nw))
+    for op in _matvec_family(dw, dx, dnw, outs, launch=(grid, block)):
+        sg_stream.run(op)
+    sg_stream.sync()
+    for got, want in zip(outs, _matvec_family_wants(w, x, nw, acc), strict=True):
+        assert relative_error(got.numpy(), want) < 1e-5, (n, k, block)
+
+
+@pytest.mark.parametrize("grid", [2, 9])
+def test_a_matvec_family_grid_computes_the_rows_of_its_blocks(
+    sg_device: sg.Device, sg_stream: sg.Stream, grid: int
+) -> None:
+    """20 rows, `out` the first 20 floats of 80 filled with NaN: 2 blocks compute rows 0..15 and
+    leave the rest; 9 blocks (more than ceil(20 / 8)) compute all 20 rows and touch nothing past
+    them. On a GPU as in the host references."""
     rng = np.random.default_rng(5)
-    n, k = 8, 12288
-    w_np, x_np, nw_np = rand(rng, n, k), rand(rng, k), rand(rng, k)
-    w, x, nw = (sg_device.from_numpy(a) for a in (w_np, x_np, nw_np))
-    out = sg_device.zeros((n,))
-    fused = library.rms_norm_matvec_op(out.mut(), x, nw, w, 1e-5)
-    assert fused.shmem == 0 and library.matvec_op(out.mut(), x, w).shmem == 4 * k
-    sg_stream.run(fused)
-    x64 = x_np.astype(np.float64)
-    normed = x64 / np.sqrt(np.mean(x64 * x64) + 1e-5) * nw_np
-    want = w_np.astype(np.float64) @ normed
-    assert np.linalg.norm(out.numpy() - want) / np.linalg.norm(want) < 1e-5
+    n, k = 20, 64
+    w, x, nw, acc = rand(rng, n, k), rand(rng, k), rand(rng, k), rand(rng, n)
+    buffers = [sg_device.from_numpy(np.full(80, np.nan, np.float32)) for _ in range(3)]
+    sg_stream.run(sg.memcpy(buffers[1][:n].mut(), sg_device.from_numpy(acc)))
+    outs = (buffers[0][:n], buffers[1][:n], buffers[2][:n])
+    dw, dx, dnw = (sg_device.from_numpy(a) for a in (w, x, nw))
+    for op in _matvec_family(dw, dx, dnw, outs, launch=(grid, 64)):
+        sg_stream.run(op)
+    sg_stream.sync()
+    rows = min(n, 8 * grid)
+    for buffer, want, before in zip(buffers, _matvec_family_wants(w, x, nw, acc), (None, acc, None), strict=True):
+        got = buffer.numpy()
+        assert relative_error(got[:rows], want[:rows]) < 1e-5, grid
+        if before is None:
+            assert np.isnan(got[rows:]).all(), grid
+        else:
+            np.testing.assert_array_equal(got[rows:n], before[rows:])
+            assert np.isnan(got[n:]).all()
 
 
-def test_matvec_ops_take_the_narrow_build_for_narrow_rows() -> None:
+@pytest.mark.parametrize(("n", "k"), [(0, 16), (5, 0)])
+def test_empty_matvecs_agree_with_the_host(sg_device: sg.Device, sg_stream: sg.Stream, n: int, k: int) -> None:
+    """No rows: nothing written. No columns: a matvec is 0, matvec_add adds 0, and rms_norm_matvec
+    is 0 / 0 = NaN (its mean of no squares), on every backend."""
+    acc = np.arange(n, dtype=np.float32)
+    outs = (sg_device.from_numpy(np.full(n, 3.0, np.float32)), sg_device.from_numpy(acc), sg_device.zeros((n,)))
+    w, x = sg_device.zeros((n, k)), sg_device.zeros((k,))
+    for op in _matvec_family(w, x, x, outs):
+        sg_stream.run(op)
+    sg_stream.sync()
+    out, added, normed = (t.numpy() for t in outs)
+    np.testing.assert_array_equal(out, np.zeros(n))
+    np.testing.assert_array_equal(added, acc)
+    assert np.isnan(normed).all()
+
+
+def test_the_matvec_constants_are_the_kernels() -> None:
+    """library.py's MATVEC_ROWS and MATVEC_MAX_THREADS (the host references' rows, the launch
+    check's bound) are the source's own."""
+    assert f"#define MATVEC_ROWS {library.MATVEC_ROWS}\n" in library.SOURCE
+    assert f"#define MATVEC_MAX_THREADS {library.MATVEC_MAX_THREADS}\n" in library.SOURCE
+    assert "__launch_bounds__(MATVEC_MAX_THREADS, 2)" in library.SOURCE
+
+
+def test_matvec_ops_give_a_thread_a_float4_of_each_row() -> None:
+    """The *_op helpers launch a block per 8 rows with a thread per float4 of a row, in whole
+    warps, at most 512 threads (one pass over a row of 2048 floats), and no shared memory."""
     dev = sg.device("host")
-    for k, narrow in ((512, True), (516, False), (2048, False), (37, True)):
-        w, x, out = dev.zeros((8, k)), dev.zeros((k,)), dev.zeros((8,))
-        for op, kern in (
-            (library.matvec_op(out.mut(), x, w), library.matvec),
-            (library.matvec_add_op(out.mut(), x, w), library.matvec_add),
-            (library.rms_norm_matvec_op(out.mut(), x, x, w, 1e-5), library.rms_norm_matvec),
+    for n, k, grid, block in (
+        (8, 512, 1, 128),
+        (9, 2048, 2, 512),
+        (2048, 4096, 256, 512),
+        (3, 37, 1, 32),
+        (1, 0, 1, 32),
+    ):
+        w, x, out = dev.zeros((n, k)), dev.zeros((k,)), dev.zeros((n,))
+        for op in (
+            library.matvec_op(out.mut(), x, w),
+            library.matvec_add_op(out.mut(), x, w),
+            library.rms_norm_matvec_op(out.mut(), x, x, w, 1e-5),
         ):
-            assert op.kernel is (library.narrow(kern) if narrow else kern), (k, kern.cpp_name)
-    assert library.narrow(library.matvec) is library.narrow(library.matvec)  # built once
-    assert library.narrow(library.matvec).options == (("define_macro", ("CHUNK", "4")),)
+            assert (op.grid, op.block, op.shmem) == ((grid, 1, 1), (block, 1, 1), 0), (n, k, op.kernel.cpp_name)
 
 
 def test_references_follow_the_kernels_pointer_arithmetic_and_grid(sg_device: sg.Device, sg_stream: sg.Stream) -> None:

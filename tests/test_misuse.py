@@ -1530,13 +1530,13 @@ def declaring_more_shared_memory_than_any_gpu_has(c: Ctx) -> None:
     sg.kernel(STATIC_SHARED_SRC, max_shared_bytes=256 * 1024)(misuse_static_shared.__wrapped__)
 
 
-@case("SignatureError", r"`matvec` cannot run as", r"32 to 256 of them, not 512")
+@case("SignatureError", r"`matvec` cannot run as", r"32 to 512 of them, not 1024")
 def block_past_the_kernels_launch_bounds(c: Ctx) -> None:
-    """library.matvec (__launch_bounds__(256, 3), which its launch_check states) with 512 threads
+    """library.matvec (__launch_bounds__(512, 2), which its launch_check states) with 1024 threads
     a block: refused on every backend when the op is built (the kernel's own LaunchResourceError
     on a GPU would come only when it runs; tests/test_cuda.py has that one)."""
     out, x, w = c.zeros(8, "out"), c.zeros(16, "x"), c.zeros((8, 16), "w")
-    c.stream.run(library.matvec[1, 512, 64](out.mut(), x, w, 8, 16))
+    c.stream.run(library.matvec[1, 1024](out.mut(), x, w, 8, 16))
 
 
 # -- the runners -----------------------------------------------------------------------------------

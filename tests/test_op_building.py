@@ -367,7 +367,8 @@ def test_a_host_reference_sees_the_template_arguments_and_reaches_every_derived_
 
 def test_launch_shapes_a_kernel_does_not_expect_are_refused_when_the_op_is_built() -> None:
     """The library's raw kernels assume their shapes: on a GPU a matvec in blocks of 16 threads
-    never ended, rms_norm<256> in blocks of 128 left half of each row unwritten, and a 2-D launch
+    sums its rows with lanes that do not exist, and past 2**28 blocks its rows wrap around to
+    negative ones; rms_norm<256> in blocks of 128 left half of each row unwritten, and a 2-D launch
     of an elementwise kernel repeated its += (the host reference computed the intended result)."""
     dev = sg.device("host")
     x, w, y = dev.zeros((64,), name="x"), dev.zeros((64, 64), name="w"), dev.zeros((64,), name="y")
@@ -378,7 +379,8 @@ def test_launch_shapes_a_kernel_does_not_expect_are_refused_when_the_op_is_built
             lambda: library.matvec[1, 16](y.mut(), x, w, 64, 64),
             r"\[\(1, 1, 1\), \(16, 1, 1\)\]: a block is whole warps",
         ),
-        (lambda: library.matvec_add[1, 300](y.mut(), x, w, 64, 64), "32 to 256 of them, not 300"),
+        (lambda: library.matvec_add[1, 300](y.mut(), x, w, 64, 64), "32 to 512 of them, not 300"),
+        (lambda: library.matvec[2**28 + 1, 32](y.mut(), x, w, 64, 64), "at most 268435456 blocks"),
         (lambda: library.rms_norm.generics(256)[1, 128](normed.mut(), row, gain, 1e-5, 256), "exactly 256 threads"),
         (lambda: library.axpy[(1, 2), 32](y.mut(), x, 1.0, 64), "must be one-dimensional"),
         (lambda: library.count_down[1, (1, 2)](flag.mut()), "must be one-dimensional"),
@@ -388,6 +390,7 @@ def test_launch_shapes_a_kernel_does_not_expect_are_refused_when_the_op_is_built
             build()
         assert "help: launch it with a shape its check accepts" in str(info.value)
     library.matvec[2, 64](y.mut(), x, w, 64, 64)  # whole warps: fine
+    library.matvec[2**28, 32](y.mut(), x, w, 64, 64)  # as many blocks as an int's rows
     library.rms_norm.generics(256)[1, 256](normed.mut(), row, gain, 1e-5, 256)
 
     def at_most_one_block(grid: Any, block: Any, template_args: tuple[str, ...]) -> str | None:

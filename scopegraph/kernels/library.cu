@@ -136,193 +136,178 @@ __global__ void rms_norm(float* __restrict__ out, const float* __restrict__ x,
 
 // -- matrix-vector products: the weight-streaming kernels of the seed model --------------------
 //
-// A warp per row; rows are dealt out grid-stride (row = blockIdx.x * warps + warp, then
-// + gridDim.x * warps), so the grid sets the rows per warp. The *_op helpers give each warp one
-// row (8 rows per 256-thread block): at d = 2048 every warp then holds its whole row in registers
-// before the wait, i.e. the whole 16 MiB matrix is requested at once (measured on an H100: 2 rows
-// a warp, 18% fewer tokens/s; 4 rows, 39% fewer). Each lane reads the row as 16-byte vectors,
-// CHUNK of them in flight at once (CHUNK = 16: a 2048-wide row in one round trip to memory; the
-// *_op helpers launch a second build, with CHUNK = 4, for rows of at most 512 floats: fewer
-// instructions, at d = 512 about 25% more tokens/s). The vector x is staged in shared memory once
-// per block when the launch gives k * 4 bytes of it (the *_op helpers do, up to 48 KiB), so x is
-// read from L2 once per block rather than once per row; other shapes (k % 4 != 0, unaligned rows,
-// no shared memory) take a plain scalar loop. Where x is copied as is, cp.async stages it: every
-// load in flight at once and no registers spent (the weights hold them), one L2 round trip after
-// the wait instead of one per 256 floats a thread (measured on an H100, d = 2048: 4-kernel form
-// +0.9% tokens/s).
+// A block computes MATVEC_ROWS (8) rows of w, its threads splitting the columns: in
+// each pass over the rows, thread t holds float4 column t of each of the 8 rows (one 16-byte load
+// a row, consecutive across the warp) and multiplies it by float4 t of x, so a pass covers
+// blockDim.x float4 (the *_op helpers give up to 512 threads: a 2048-wide row in one pass, 8 x
+// 16 bytes = 32 registers of weights a thread). Step 1 loads the first pass of the block's rows
+// before the wait (later passes, for rows wider than 4 * blockDim.x, are loaded after it); after it, each thread reads only the 16 bytes of x it multiplies (from
+// L2, no staging), a butterfly of shuffles leaves each row's sum over the warp in one lane, and one
+// barrier adds up the warps. Block b computes rows 8b .. 8b + 7 (a grid of fewer than ceil(n / 8)
+// blocks leaves the rows past its blocks unwritten: dealing them out grid-stride, a loop the helpers'
+// launches never take, cost 3% tokens/s on an H200); rows with k % 4 != 0, or unaligned tensors,
+// take a scalar loop (after the wait).
 //
-// Measured on an H100 and dropped (benchmarks/NOTES.md): asking L2 (cp.async.bulk.prefetch.L2,
-// prefetch.global.L2) for the rows of the blocks that cannot start yet, 6-17% fewer tokens/s; and
-// half of each row held in shared memory (cp.async) so that four blocks fit an SM, 8-15% fewer.
-// On an H200: triggering the dependents only once this block's weights have landed (so that the
-// next kernel's weights do not share the memory with this kernel's last blocks), 18% fewer; x
-// staged by one TMA bulk copy instead of cp.async, 17% fewer; rms_norm_matvec staging x and the
-// norm's weights by cp.async into 2 k floats of shared memory (one round trip, not two), 12% fewer;
-// a second row a warp copied into shared memory before the wait (every row of a matvec requested
-// early, half the grid), 20-25% fewer: x, read after the wait, queues behind every weight request
-// made before it, and more of them made early lengthens each kernel's critical path; each matvec
-// asking L2 for a later matvec's rows before its wait (cp.async.bulk.prefetch.L2, one to three
-// kernels ahead), 3-21% fewer: L2 drops some before they are read, and they are fetched twice;
-// blocks of 2, 4 or 6 warps (the same threads an SM), 5-20% fewer, and 12 warps the same as 8;
-// rms_norm_matvec copying the norm's weights into shared memory before its wait, 10% fewer.
+// Why (measured on an H200, d = 2048 x 22, fused form, benchmarks/NOTES.md pass 24): these
+// kernels used a warp per row, with x staged in shared memory by every block and each warp reading
+// all of x (8 KiB) from there after the wait; that staging, its barrier and the 64 KiB of shared
+// memory reads a block sat on every kernel's critical path. A block of 8 rows split over its
+// threads reads 8 KiB of x a block straight into registers: 85% of the read-only ceiling against
+// 72% (python -m scopegraph bench: +17% tokens/s; d = 512 +16%), with 64 registers and two
+// 512-thread blocks an SM (one 2048 x 2048 matrix on chip, the next kernel's first blocks beside
+// it). 8 rows of two float4 a thread in 256-thread blocks spill under a cap of three blocks an SM
+// (60%); 10 rows of two float4 (128 registers, two blocks an SM) reach the same 85% with more code;
+// 256-thread blocks (half a row a pass, the rest loaded after the wait) give 9% fewer tokens/s, no
+// register cap (95 registers: one block an SM) 17% fewer. (Rows wider than 2048 floats, which take
+// more passes, were not measured.)
+//
+// Measured with the warp-per-row design and dropped: asking L2 for the rows of blocks that cannot
+// start yet (cp.async.bulk.prefetch.L2, prefetch.global.L2), 3-21% fewer tokens/s; rows held in
+// shared memory (cp.async) before the wait, 8-25% fewer; triggering the dependents only once a
+// block's weights have landed, 18% fewer; x by one TMA bulk copy, 17% fewer; memory
+// synchronization domains, kernel node priorities: no change; x in copies spread over more L2
+// lines, or read once per thread block cluster and shared through distributed shared memory,
+// 4-15% fewer.
 
-#ifndef CHUNK  // float4 loads in flight per lane (benchmarks may override it)
-#define CHUNK 16
-#endif
-// Weights are read once a replay and, in a model, seldom fit in L2: the wide build loads them
-// evict-first (ld.global.cs), so that they do not push out of L2 the activations each kernel reads
-// after its wait (measured on an H200, d = 2048: +2.8% tokens/s in both forms of the seed model;
-// on an H100, with an earlier version of these kernels, within 0.5%). The narrow build (CHUNK = 4,
-// rows of at most 512 floats, whose matrices often stay in L2 from one replay to the next) loads
-// them as read-only data (__ldg), which L2 keeps.
 #ifndef SG_WEIGHT_LOAD  // (benchmarks may override it)
-#if CHUNK > 4
+// Weights are read once a replay and, in a model, seldom fit in L2: they are loaded evict-first
+// (ld.global.cs), so that they do not push out of L2 the activations each kernel reads after its
+// wait (measured on an H200, d = 2048: +2.8% tokens/s in both forms of the seed model).
 #define SG_WEIGHT_LOAD __ldcs
-#else
-#define SG_WEIGHT_LOAD __ldg
 #endif
-#endif
-// At most 256 threads a block, and registers capped (80) so that three blocks fit on an SM: two
-// of this kernel, and one of the next, which meanwhile loads its weights (its pre-wait step).
-// Measured on an H100 (d = 2048): 1.31x from PDL with the cap, 1.17x without it.
+// Rows a block, and threads a block at most: library.py's MATVEC_ROWS and MATVEC_MAX_THREADS
+// (its launch check refuses larger blocks, which would overrun `partial` below).
+#define MATVEC_ROWS 8
+#define MATVEC_MAX_THREADS 512
+// Registers capped (64) so that two blocks of 512 threads fit on an SM: one of this kernel, and one
+// of the next, which meanwhile loads its weights (its pre-wait step).
 #ifndef SG_MATVEC_BOUNDS  // (benchmarks may override it)
-#define SG_MATVEC_BOUNDS __launch_bounds__(256, 3)
+#define SG_MATVEC_BOUNDS __launch_bounds__(MATVEC_MAX_THREADS, 2)
 #endif
 
-extern __shared__ float4 sg_dynamic_smem[];
+__device__ __forceinline__ float4 zero4() { return make_float4(0.f, 0.f, 0.f, 0.f); }
 
-__device__ __forceinline__ unsigned dynamic_smem_bytes() {
-    unsigned bytes;
-    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(bytes));
-    return bytes;
+// Each of acc[0..7] summed over the warp: lane l gets the sum for row l >> 2. Each step halves
+// the rows a lane carries: it keeps one half, sends the other to the lane `off` away (which keeps
+// that one) and adds what it receives; 9 shuffles instead of 8 warp_sums' 40.
+__device__ __forceinline__ float warp_sum_rows(const float (&acc)[MATVEC_ROWS], int lane) {
+    float s4[4], s2[2];
+    const bool b16 = lane & 16, b8 = lane & 8, b4 = lane & 4;
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+        s4[i] = (b16 ? acc[i + 4] : acc[i]) + __shfl_xor_sync(0xffffffffu, b16 ? acc[i] : acc[i + 4], 16);
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+        s2[i] = (b8 ? s4[i + 2] : s4[i]) + __shfl_xor_sync(0xffffffffu, b8 ? s4[i] : s4[i + 2], 8);
+    float s = (b4 ? s2[1] : s2[0]) + __shfl_xor_sync(0xffffffffu, b4 ? s2[0] : s2[1], 4);
+    s += __shfl_xor_sync(0xffffffffu, s, 2);
+    return s + __shfl_xor_sync(0xffffffffu, s, 1);
 }
 
-// The rows of w (n x k) that this warp computes, and the weights it loads before the wait.
-struct WarpRows {
+__device__ __forceinline__ bool aligned16(const void* p) { return (reinterpret_cast<size_t>(p) & 15) == 0; }
+
+// Float4 column c of rows row0 .. row0 + 7 of w (zeros past its end) into v: 8 loads in flight.
+__device__ __forceinline__ void load_rows(float4 (&v)[MATVEC_ROWS], const float4* w4, int row0, int n, int k4, int c) {
+#pragma unroll
+    for (int r = 0; r < MATVEC_ROWS; ++r)
+        v[r] = row0 + r < n && c < k4 ? SG_WEIGHT_LOAD(w4 + (size_t)(row0 + r) * k4 + c) : zero4();
+}
+
+// The block's rows of w (n x k) and the weights each thread loads before the wait. It holds w
+// and nothing a predecessor writes: the PDL structure check (tests/test_pdl.py) reads only the
+// kernels' bodies, where w is the one tensor named before pdl_wait().
+struct BlockRows {
     const float* w;
-    int n, k, k4, lane, first, stride;
-    bool vec;  // 16-byte vectors: k % 4 == 0 and w 16-byte aligned (x is staged in shared memory)
+    int n, k, k4, row0;  // rows row0 .. row0 + 7
+    bool w_vectors;  // w read as 16-byte vectors: k % 4 == 0 and w 16-byte aligned
+    float4 v[MATVEC_ROWS];
 
-    __device__ WarpRows(const float* w_, int n_, int k_) : w(w_), n(n_), k(k_) {
-        const int warps = blockDim.x >> 5;
-        lane = threadIdx.x & 31;
-        first = blockIdx.x * warps + (threadIdx.x >> 5);
-        stride = gridDim.x * warps;
-        k4 = k >> 2;
-        vec = (k & 3) == 0 && (reinterpret_cast<size_t>(w) & 15) == 0 && dynamic_smem_bytes() >= 4u * k;
+    __device__ BlockRows(const float* w_, int n_, int k_)
+        : w(w_), n(n_), k(k_), k4(k_ >> 2), row0(blockIdx.x * MATVEC_ROWS), w_vectors((k_ & 3) == 0 && aligned16(w_)) {}
+
+    // Step 1 of a PDL matvec: this thread's float4 of the first pass over each of the block's rows.
+    __device__ __forceinline__ void prefetch() {
+        if (w_vectors) load_rows(v, reinterpret_cast<const float4*>(w), row0, n, k4, threadIdx.x);
     }
 
-    // Weights [c0, c0 + 32 * CHUNK) of `row`, this lane's share, into registers (zeros past the end
-    // of the row): CHUNK loads issued back to back, one round trip to memory.
-    __device__ __forceinline__ void load(float4 (&v)[CHUNK], int row, int c0) const {
-        const float4* r = reinterpret_cast<const float4*>(w + (size_t)row * k) + c0 + lane;
+    // Step 4: out[r] = dot(w[r, :k], x * nw) * rsqrt(mean(x^2) + eps) (NORM), out[r] += dot(w[r,
+    // :k], x) (ADD), or out[r] = dot(w[r, :k], x), for the block's rows r < n. Every thread calls it.
+    template <bool NORM, bool ADD>
+    __device__ __forceinline__ void run(float* __restrict__ out, const float* __restrict__ x,
+                                        const float* __restrict__ nw, float eps) {
+        // Every tensor read as 16-byte vectors (else the scalar loop, the weights loaded in step 1 unused).
+        const bool vectors = w_vectors && aligned16(x) && (!NORM || aligned16(nw));
+        __shared__ float partial[MATVEC_MAX_THREADS / 32][MATVEC_ROWS + 1];  // each warp's row sums (and sum of x^2)
+        const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+        float acc[MATVEC_ROWS], ss = 0.f;
 #pragma unroll
-        for (int u = 0; u < CHUNK; ++u)
-            v[u] = c0 + lane + 32 * u < k4 ? SG_WEIGHT_LOAD(r + 32 * u) : make_float4(0.f, 0.f, 0.f, 0.f);
-    }
-
-    // dot(v, x[c0, c0 + 32 * CHUNK)), this lane's share.
-    __device__ __forceinline__ float dot(const float4 (&v)[CHUNK], const float4* xs, int c0) const {
-        float acc = 0.f;
+        for (int r = 0; r < MATVEC_ROWS; ++r) acc[r] = 0.f;
+        if (vectors) {
+            const float4* x4 = reinterpret_cast<const float4*>(x);
+            const float4* n4 = reinterpret_cast<const float4*>(nw);
+            for (int p = 0; p < k4; p += blockDim.x) {
+                const int c = p + threadIdx.x;
+                if (p) load_rows(v, reinterpret_cast<const float4*>(w), row0, n, k4, c);  // the first came before the wait
+                float4 a = c < k4 ? x4[c] : zero4();
+                if (NORM) {
+                    ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
+                    const float4 g = c < k4 ? n4[c] : zero4();
+                    a = make_float4(a.x * g.x, a.y * g.y, a.z * g.z, a.w * g.w);
+                }
 #pragma unroll
-        for (int u = 0; u < CHUNK; ++u) {
-            const int c = c0 + lane + 32 * u;
-            if (c < k4) {
-                const float4 a = xs[c];
-                acc += v[u].x * a.x + v[u].y * a.y + v[u].z * a.z + v[u].w * a.w;
+                for (int r = 0; r < MATVEC_ROWS; ++r)
+                    acc[r] += v[r].x * a.x + v[r].y * a.y + v[r].z * a.z + v[r].w * a.w;
+            }
+        } else {
+            for (int c = threadIdx.x; c < k; c += blockDim.x) {
+                float a = x[c];
+                if (NORM) {
+                    ss += a * a;
+                    a *= nw[c];
+                }
+#pragma unroll
+                for (int r = 0; r < MATVEC_ROWS; ++r)
+                    if (row0 + r < n) acc[r] += w[(size_t)(row0 + r) * k + c] * a;
             }
         }
-        return acc;
-    }
-
-    // Step 1 of a PDL matvec: the first chunk of this warp's first row, into registers. Weights only.
-    __device__ __forceinline__ void prefetch(float4 (&v)[CHUNK]) const {
-        if (vec && first < n) load(v, first, 0);
-    }
-
-    // Step 4: dot(w[row, :], x) for each of this warp's rows, handed to done(row, dot) in lane 0.
-    // xs: x (k floats) in shared memory, as float4 (vector path); x: x in global memory (scalar path).
-    template <class Done>
-    __device__ __forceinline__ void run(float4 (&v)[CHUNK], const float4* xs, const float* x, const float* scale_x,
-                                        Done done) const {
-        for (int row = first; row < n; row += stride) {
-            float acc = 0.f;
-            if (vec) {
-                for (int c0 = 0; c0 < k4; c0 += 32 * CHUNK) {
-                    if (row != first || c0 != 0) load(v, row, c0);  // the first chunk came before the wait
-                    acc += dot(v, xs, c0);
-                }
-            } else {
-                const float* r = w + (size_t)row * k;
-                for (int c = lane; c < k; c += 32) acc += r[c] * x[c] * (scale_x ? scale_x[c] : 1.f);
+        const float s = warp_sum_rows(acc, lane);
+        if ((lane & 3) == 0) partial[warp][lane >> 2] = s;
+        if (NORM) {
+            ss = warp_sum(ss);
+            if (lane == 0) partial[warp][MATVEC_ROWS] = ss;
+        }
+        __syncthreads();
+        const int row = row0 + threadIdx.x;
+        if (threadIdx.x < MATVEC_ROWS && row < n) {
+            float dot = 0.f, sum_sq = 0.f;
+            for (int i = 0; i < (int)(blockDim.x >> 5); ++i) {
+                dot += partial[i][threadIdx.x];
+                if (NORM) sum_sq += partial[i][MATVEC_ROWS];
             }
-            acc = warp_sum(acc);
-            if (lane == 0) done(row, acc);
+            if (ADD) out[row] += dot;
+            else out[row] = NORM ? dot * rsqrtf(sum_sq / k + eps) : dot;
         }
     }
 };
 
-#ifndef SG_STAGE_ASYNC  // 0: stage x by loads and stores only (benchmarks)
-#define SG_STAGE_ASYNC 1
-#endif
-
-// Stage x (times nw, if given) in shared memory as float4 when the vector path applies; returns
-// the sum of x^2 over the block when sum_sq is set. Every thread of the block must call it.
-__device__ const float4* stage_vector(WarpRows& rows, const float* x, const float* nw, bool sum_sq, float* ss) {
-    float local = 0.f;
-    if (rows.vec && (reinterpret_cast<size_t>(x) & 15) == 0 && (!nw || (reinterpret_cast<size_t>(nw) & 15) == 0)) {
-        const float4* x4 = reinterpret_cast<const float4*>(x);
-        const float4* n4 = reinterpret_cast<const float4*>(nw);
-        for (int c = threadIdx.x; c < rows.k4; c += blockDim.x) {
-#if __CUDA_ARCH__ >= 800 && SG_STAGE_ASYNC
-            if (!nw && !sum_sq) {
-                const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(sg_dynamic_smem + c));
-                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(x4 + c) : "memory");
-                continue;
-            }
-#endif
-            float4 a = x4[c];
-            local += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
-            if (n4) {
-                float4 g = n4[c];
-                a = make_float4(a.x * g.x, a.y * g.y, a.z * g.z, a.w * g.w);
-            }
-            sg_dynamic_smem[c] = a;
-        }
-#if __CUDA_ARCH__ >= 800 && SG_STAGE_ASYNC
-        asm volatile("cp.async.wait_all;" ::: "memory");
-#endif
-    } else {
-        for (int c = threadIdx.x; c < rows.k; c += blockDim.x) local += x[c] * x[c];
-        rows.vec = false;
-    }
-    if (sum_sq) *ss = block_sum(local);  // its barriers also publish the staged vector
-    else __syncthreads();
-    return sg_dynamic_smem;
-}
-
 // out[r] = dot(w[r, :k], x[:k]) for r < n.
 extern "C" __global__ void SG_MATVEC_BOUNDS matvec(float* __restrict__ out, const float* __restrict__ x,
                                   const float* __restrict__ w, int n, int k) {
-    WarpRows rows(w, n, k);
-    float4 v[CHUNK];
-    rows.prefetch(v);          // 1. weights only
+    BlockRows rows(w, n, k);
+    rows.prefetch();           // 1. weights only
     pdl_launch_dependents();   // 2.
     pdl_wait();                // 3. x is complete from here on
-    const float4* xs = stage_vector(rows, x, nullptr, false, nullptr);
-    rows.run(v, xs, x, nullptr, [&](int row, float dot) { out[row] = dot; });
+    rows.run<false, false>(out, x, nullptr, 0.f);
 }
 
 // out[r] += dot(w[r, :k], x[:k]) for r < n: a matvec with the residual add fused in.
 extern "C" __global__ void SG_MATVEC_BOUNDS matvec_add(float* __restrict__ out, const float* __restrict__ x,
                                       const float* __restrict__ w, int n, int k) {
-    WarpRows rows(w, n, k);
-    float4 v[CHUNK];
-    rows.prefetch(v);
+    BlockRows rows(w, n, k);
+    rows.prefetch();
     pdl_launch_dependents();
-    pdl_wait();
-    const float4* xs = stage_vector(rows, x, nullptr, false, nullptr);
-    rows.run(v, xs, x, nullptr, [&](int row, float dot) { out[row] += dot; });
+    pdl_wait();                // out and x are predecessors' outputs
+    rows.run<false, true>(out, x, nullptr, 0.f);
 }
 
 // out[r] = dot(w[r, :k], x * nw) * rsqrt(mean(x^2) + eps) for r < n: RMSNorm fused into the
@@ -330,15 +315,11 @@ extern "C" __global__ void SG_MATVEC_BOUNDS matvec_add(float* __restrict__ out, 
 extern "C" __global__ void SG_MATVEC_BOUNDS rms_norm_matvec(float* __restrict__ out, const float* __restrict__ x,
                                            const float* __restrict__ nw, const float* __restrict__ w,
                                            float eps, int n, int k) {
-    WarpRows rows(w, n, k);
-    float4 v[CHUNK];
-    rows.prefetch(v);          // 1. weights only (nw is read after the wait; it is small)
+    BlockRows rows(w, n, k);
+    rows.prefetch();           // 1. weights only (nw is read after the wait; it is small)
     pdl_launch_dependents();
     pdl_wait();
-    float ss = 0.f;
-    const float4* xs = stage_vector(rows, x, nw, true, &ss);
-    const float scale = rsqrtf(ss / k + eps);
-    rows.run(v, xs, x, nw, [&](int row, float dot) { out[row] = dot * scale; });
+    rows.run<true, false>(out, x, nw, eps);
 }
 
 // flag[0] -= 1, by one thread: the counter of a loop `with s.while_(flag)` that runs flag times.
