@@ -73,7 +73,7 @@ def whole_warps(grid: Shape, block: Shape, template_args: tuple[str, ...]) -> st
     if threads % 32 or not 32 <= threads <= MATVEC_MAX_THREADS:
         return f"a block is whole warps of 32 threads, 32 to {MATVEC_MAX_THREADS} of them, not {threads}"
     if grid[0] > MATVEC_MAX_BLOCKS:
-        return f"at most {MATVEC_MAX_BLOCKS} blocks (8 rows each: every row an int can index), not {grid[0]}"
+        return f"at most {MATVEC_MAX_BLOCKS} blocks ({MATVEC_ROWS} rows each: every row an int indexes), not {grid[0]}"
     return one_dimensional(grid, block, template_args)
 
 

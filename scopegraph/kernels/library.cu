@@ -191,6 +191,7 @@ __device__ __forceinline__ float4 zero4() { return make_float4(0.f, 0.f, 0.f, 0.
 // the rows a lane carries: it keeps one half, sends the other to the lane `off` away (which keeps
 // that one) and adds what it receives; 9 shuffles instead of 8 warp_sums' 40.
 __device__ __forceinline__ float warp_sum_rows(const float (&acc)[MATVEC_ROWS], int lane) {
+    static_assert(MATVEC_ROWS == 8, "the butterfly's three halving steps take 8 rows to 1");
     float s4[4], s2[2];
     const bool b16 = lane & 16, b8 = lane & 8, b4 = lane & 4;
 #pragma unroll
